@@ -1,0 +1,96 @@
+"""The `jobs` table and its append-only `job_events` log."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, Text, Uuid
+from sqlalchemy.orm import Mapped, mapped_column
+
+from models.base import Base, JSONType, UTCDateTime, utcnow
+
+
+class JobStatus(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELED = "canceled"
+
+
+TERMINAL = frozenset({JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELED})
+ACTIVE = frozenset({JobStatus.QUEUED, JobStatus.RUNNING})
+
+
+class Stage(StrEnum):
+    TEXT = "text"
+    VIDEO = "video"
+
+
+class Modality(StrEnum):
+    TEXT = "text"
+    VIDEO = "video"
+
+
+class Priority(StrEnum):
+    HIGH = "high"
+    NORMAL = "normal"
+    LOW = "low"
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+
+    id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    status: Mapped[str] = mapped_column(String(16), default=JobStatus.QUEUED)
+    stage: Mapped[str | None] = mapped_column(String(16))
+    modality: Mapped[str] = mapped_column(String(16))
+    prompt: Mapped[str] = mapped_column(Text)
+    params: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    priority: Mapped[str] = mapped_column(String(8), default=Priority.NORMAL)
+    progress: Mapped[int] = mapped_column(Integer, default=0)
+    meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSONType, default=dict)
+
+    output_text: Mapped[str | None] = mapped_column(Text)
+    artifact_path: Mapped[str | None] = mapped_column(String(1024))
+    artifact_bytes: Mapped[int | None] = mapped_column(BigInteger)
+
+    error_code: Mapped[str | None] = mapped_column(String(64))
+    error_message: Mapped[str | None] = mapped_column(Text)
+    error_stage: Mapped[str | None] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow, onupdate=utcnow)
+    published_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    text_completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    text_s: Mapped[float | None] = mapped_column(Float)
+    video_s: Mapped[float | None] = mapped_column(Float)
+
+    __table_args__ = (
+        # Listing is newest first with an id tie-break; status filter uses the same order.
+        Index("ix_jobs_created_id", "created_at", "id"),
+        Index("ix_jobs_status_created", "status", "created_at"),
+    )
+
+
+class JobEvent(Base):
+    """One row per state transition, written in the same transaction as the transition."""
+
+    __tablename__ = "job_events"
+
+    id: Mapped[int] = mapped_column(
+        BigInteger().with_variant(Integer, "sqlite"), primary_key=True, autoincrement=True
+    )
+    job_id: Mapped[uuid.UUID] = mapped_column(Uuid, ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    type: Mapped[str] = mapped_column(String(64))
+    from_status: Mapped[str | None] = mapped_column(String(16))
+    to_status: Mapped[str | None] = mapped_column(String(16))
+    stage: Mapped[str | None] = mapped_column(String(16))
+    data: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -1,0 +1,60 @@
+"""The public job resource: one serializer for the API, the CLI and webhook payloads."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from models.job import Job, JobStatus, Modality
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat().replace("+00:00", "Z") if value else None
+
+
+def _seconds(start: datetime | None, end: datetime | None) -> float | None:
+    return round((end - start).total_seconds(), 3) if start and end else None
+
+
+def job_resource(job: Job, base_url: str = "", queue_position: int | None = None) -> dict[str, Any]:
+    """The job as GET /v1/jobs/{id} returns it."""
+    ready = job.status == JobStatus.SUCCEEDED
+    content = f"{base_url}/v1/jobs/{job.id}/content"
+    has_video = ready and job.modality == Modality.VIDEO and job.artifact_path
+    gpu = [s for s in (job.text_s, job.video_s) if s is not None]
+    return {
+        "id": str(job.id),
+        "object": "job",
+        "status": job.status,
+        "stage": job.stage,
+        "progress": job.progress,
+        "queue_position": queue_position if job.status == JobStatus.QUEUED else None,
+        "modality": job.modality,
+        "prompt": job.prompt,
+        "params": job.params or {},
+        "priority": job.priority,
+        "outputs": {
+            "text": job.output_text,
+            "text_url": f"{content}?variant=text" if job.output_text is not None else None,
+            "video_url": f"{content}?variant=video" if has_video else None,
+            "thumbnail_url": f"{content}?variant=thumbnail" if has_video else None,
+        },
+        "error": (
+            {"code": job.error_code, "message": job.error_message, "stage": job.error_stage}
+            if job.error_code
+            else None
+        ),
+        "attempts": job.attempts,
+        "cached": False,
+        "timings": {
+            "created_at": _iso(job.created_at),
+            "started_at": _iso(job.started_at),
+            "text_completed_at": _iso(job.text_completed_at),
+            "completed_at": _iso(job.completed_at),
+            "queue_s": _seconds(job.created_at, job.started_at),
+            "text_s": job.text_s,
+            "video_s": job.video_s,
+            "gpu_s": round(sum(gpu), 3) if gpu else None,
+        },
+        "metadata": job.meta or {},
+    }

@@ -1,0 +1,175 @@
+"""The job state machine: every transition is one conditional UPDATE plus its event row.
+
+queued -> running(text) -> running(video) -> succeeded | failed | canceled.
+A transition whose WHERE clause matches no row did not happen (the job was already
+past that point), so a redelivered or duplicated task can never move a job backwards
+or finish it twice. Callers commit; the event is in the same transaction (outbox).
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from sqlalchemy import ColumnElement, and_, update
+from sqlalchemy.orm import Session
+
+from models.base import utcnow
+from models.job import ACTIVE, Job, JobEvent, JobStatus, Stage
+
+
+def _transition(
+    session: Session,
+    job_id: uuid.UUID,
+    where: ColumnElement[bool],
+    values: dict[str, Any],
+    event: str | None,
+    *,
+    from_status: str | None = None,
+    event_data: dict[str, Any] | None = None,
+) -> bool:
+    stmt = (
+        update(Job)
+        .where(Job.id == job_id, where)
+        .values(updated_at=utcnow(), **values)
+        .execution_options(synchronize_session=False)
+    )
+    if session.execute(stmt).rowcount != 1:  # type: ignore[attr-defined]
+        return False
+    if event:
+        session.add(
+            JobEvent(
+                job_id=job_id,
+                type=event,
+                from_status=from_status,
+                to_status=values.get("status"),
+                stage=values.get("stage"),
+                data=event_data or {},
+            )
+        )
+    return True
+
+
+def mark_published(session: Session, job_id: uuid.UUID) -> bool:
+    return _transition(
+        session,
+        job_id,
+        and_(Job.status == JobStatus.QUEUED, Job.published_at.is_(None)),
+        {"published_at": utcnow()},
+        None,
+    )
+
+
+def start_text(session: Session, job_id: uuid.UUID) -> bool:
+    """queued -> running(text). False if the job is not queued (see resume_text)."""
+    now = utcnow()
+    return _transition(
+        session,
+        job_id,
+        Job.status == JobStatus.QUEUED,
+        {"status": JobStatus.RUNNING, "stage": Stage.TEXT, "started_at": now, "attempts": Job.attempts + 1},
+        "job.started",
+        from_status=JobStatus.QUEUED,
+    )
+
+
+def resume_stage(session: Session, job_id: uuid.UUID, stage: Stage) -> bool:
+    """A redelivered task re-enters the stage it was running; counted as an attempt, no event."""
+    return _transition(
+        session,
+        job_id,
+        and_(Job.status == JobStatus.RUNNING, Job.stage == stage),
+        {"attempts": Job.attempts + 1},
+        None,
+    )
+
+
+def complete_text(
+    session: Session, job_id: uuid.UUID, text: str, seconds: float, *, final: bool, progress: int
+) -> bool:
+    """running(text) -> running(video), or -> succeeded when the job wants text only."""
+    now = utcnow()
+    values: dict[str, Any] = {"output_text": text, "text_s": seconds, "text_completed_at": now}
+    where = and_(Job.status == JobStatus.RUNNING, Job.stage == Stage.TEXT)
+    if final:
+        values |= {"status": JobStatus.SUCCEEDED, "progress": 100, "completed_at": now}
+        if not _transition(session, job_id, where, values, "job.text.completed"):
+            return False
+        session.add(
+            JobEvent(
+                job_id=job_id,
+                type="job.succeeded",
+                from_status=JobStatus.RUNNING,
+                to_status=JobStatus.SUCCEEDED,
+                stage=Stage.TEXT,
+            )
+        )
+        return True
+    values |= {"stage": Stage.VIDEO, "progress": progress, "attempts": 0}
+    return _transition(session, job_id, where, values, "job.text.completed", from_status=JobStatus.RUNNING)
+
+
+def set_progress(session: Session, job_id: uuid.UUID, stage: Stage, progress: int) -> bool:
+    """Progress only moves forward, and only while the job is in that stage."""
+    return _transition(
+        session,
+        job_id,
+        and_(Job.status == JobStatus.RUNNING, Job.stage == stage, Job.progress < progress),
+        {"progress": progress},
+        None,
+    )
+
+
+def complete_video(
+    session: Session, job_id: uuid.UUID, artifact_path: str, artifact_bytes: int, seconds: float
+) -> bool:
+    return _transition(
+        session,
+        job_id,
+        and_(Job.status == JobStatus.RUNNING, Job.stage == Stage.VIDEO),
+        {
+            "status": JobStatus.SUCCEEDED,
+            "progress": 100,
+            "completed_at": utcnow(),
+            "artifact_path": artifact_path,
+            "artifact_bytes": artifact_bytes,
+            "video_s": seconds,
+        },
+        "job.succeeded",
+        from_status=JobStatus.RUNNING,
+    )
+
+
+def fail(session: Session, job_id: uuid.UUID, code: str, message: str, stage: str | None) -> bool:
+    """Any active job -> failed, recording where and why."""
+    return _transition(
+        session,
+        job_id,
+        Job.status.in_(ACTIVE),
+        {
+            "status": JobStatus.FAILED,
+            "completed_at": utcnow(),
+            "error_code": code,
+            "error_message": message[:2000],
+            "error_stage": stage,
+        },
+        "job.failed",
+        event_data={"code": code, "stage": stage},
+    )
+
+
+def cancel(session: Session, job_id: uuid.UUID) -> bool:
+    """Any active job -> canceled. False when it had already finished."""
+    return _transition(
+        session,
+        job_id,
+        Job.status.in_(ACTIVE),
+        {
+            "status": JobStatus.CANCELED,
+            "completed_at": utcnow(),
+            "error_code": "canceled",
+            "error_message": "canceled by the client",
+            "error_stage": Job.stage,
+        },
+        "job.canceled",
+    )

@@ -1,0 +1,1 @@
+"""Genqueue workers: the Celery app factory, pipeline tasks, webhooks and maintenance."""

@@ -1,0 +1,36 @@
+"""Where a job's files live, and writing them atomically."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+from tasks.media import encode_mp4, write_thumbnail
+
+VIDEO_NAME = "video.mp4"
+THUMBNAIL_NAME = "thumbnail.jpg"
+
+
+def job_dir(root: Path, job_id: uuid.UUID) -> Path:
+    return Path(root) / str(job_id)
+
+
+def write_video(root: Path, job_id: uuid.UUID, frames: np.ndarray, fps: int) -> tuple[str, int]:
+    """Encode the MP4 and thumbnail (each written to a temp name, then renamed).
+
+    Returns the video's path relative to `root` and its size. Rewriting on redelivery
+    replaces the same file, so there is only ever one artifact per job.
+    """
+    folder = job_dir(root, job_id)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_thumbnail(frames[len(frames) // 2], str(folder / THUMBNAIL_NAME))
+    info = encode_mp4(frames, fps, str(folder / VIDEO_NAME))
+    return f"{job_id}/{VIDEO_NAME}", int(info["bytes"])
+
+
+def remove_job_dir(root: Path, job_id: uuid.UUID) -> None:
+    """Compensation: drop everything the job wrote, finished or partial (idempotent)."""
+    shutil.rmtree(job_dir(root, job_id), ignore_errors=True)

@@ -1,0 +1,85 @@
+"""The Celery configuration, all in one place: queues, routing, delivery guarantees, limits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kombu import Queue
+
+from models.settings import Settings
+from tasks import names
+
+# Job priority -> broker priority. Redis sorts 0 first; RabbitMQ delivers higher numbers first.
+REDIS_PRIORITY = {"high": 0, "normal": 3, "low": 6}
+AMQP_PRIORITY = {"high": 9, "normal": 5, "low": 1}
+
+
+def is_amqp(broker_url: str) -> bool:
+    return broker_url.startswith(("amqp", "pyamqp"))
+
+
+def broker_priority(priority: str, broker_url: str) -> int:
+    table = AMQP_PRIORITY if is_amqp(broker_url) else REDIS_PRIORITY
+    return table.get(priority, table["normal"])
+
+
+def celery_config(s: Settings) -> dict[str, Any]:
+    amqp = is_amqp(s.broker_url)
+    queue_args = {"x-max-priority": 10} if amqp else None
+    transport: dict[str, Any] = {}
+    if s.broker_url.startswith("redis"):
+        # Unacked messages come back after the visibility timeout, even while still running,
+        # so it must exceed the longest hard time limit plus the longest retry countdown.
+        transport = {
+            "visibility_timeout": s.broker_visibility_timeout_s,
+            "priority_steps": sorted(set(REDIS_PRIORITY.values())),
+            "queue_order_strategy": "priority",
+            "socket_timeout": 5,
+            "socket_connect_timeout": 3,
+        }
+    elif s.broker_url.startswith("memory"):
+        transport = {"polling_interval": 0.01}  # in-process broker: poll fast, it costs nothing
+    return {
+        "broker_url": s.broker_url,
+        "broker_transport_options": transport,
+        "broker_connection_retry_on_startup": True,
+        "broker_connection_timeout": 3,
+        "broker_heartbeat": 30 if amqp else None,
+        "task_ignore_result": True,  # outputs live in the database, not a result backend
+        "result_backend": None,
+        "task_serializer": "json",
+        "accept_content": ["json"],
+        # At-least-once: ack after the task ran, requeue when the pool child dies, one
+        # message in hand at a time so priorities and long tasks don't starve siblings.
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "task_queues": [Queue(q, routing_key=q, queue_arguments=queue_args) for q in names.ALL_QUEUES],
+        "task_default_queue": names.DEFAULT_QUEUE,
+        "task_routes": {
+            names.GENERATE_TEXT: {"queue": names.TEXT_QUEUE},
+            names.GENERATE_VIDEO: {"queue": names.VIDEO_QUEUE},
+            names.COMPENSATE: {"queue": names.DEFAULT_QUEUE},
+            names.DELIVER_WEBHOOK: {"queue": names.WEBHOOKS_QUEUE},
+            names.REAP_STUCK_JOBS: {"queue": names.DEFAULT_QUEUE},
+            names.EXPIRE_ARTIFACTS: {"queue": names.DEFAULT_QUEUE},
+        },
+        "task_queue_max_priority": 10,
+        "task_default_priority": broker_priority("normal", s.broker_url),
+        "task_annotations": {
+            names.GENERATE_TEXT: {
+                "soft_time_limit": s.text_soft_time_limit_s,
+                "time_limit": s.text_time_limit_s,
+            },
+            names.GENERATE_VIDEO: {
+                "soft_time_limit": s.video_soft_time_limit_s,
+                "time_limit": s.video_time_limit_s,
+            },
+        },
+        # Model loading in worker_process_init takes longer than the 4 s default allows.
+        "worker_proc_alive_timeout": 600,
+        "worker_send_task_events": True,  # Flower
+        "task_send_sent_event": True,
+        "worker_hijack_root_logger": False,
+        "include": ["tasks.pipeline"],
+    }

@@ -1,0 +1,23 @@
+"""Queue names and stable task names: the contract between publishers and workers."""
+
+from __future__ import annotations
+
+# Queues. GPU stages get their own so each is served by workers sized for its model.
+TEXT_QUEUE = "text"
+VIDEO_QUEUE = "video"
+DEFAULT_QUEUE = "default"
+WEBHOOKS_QUEUE = "webhooks"
+ALL_QUEUES = (TEXT_QUEUE, VIDEO_QUEUE, DEFAULT_QUEUE, WEBHOOKS_QUEUE)
+
+# Task names are part of the wire format: renaming one strands messages already queued.
+GENERATE_TEXT = "genqueue.generate_text"
+GENERATE_VIDEO = "genqueue.generate_video"
+COMPENSATE = "genqueue.compensate"
+DELIVER_WEBHOOK = "genqueue.deliver_webhook"
+REAP_STUCK_JOBS = "genqueue.reap_stuck_jobs"
+EXPIRE_ARTIFACTS = "genqueue.expire_artifacts"
+
+
+def stage_task_id(job_id: str, stage: str) -> str:
+    """The fixed Celery task id of one job's stage, so duplicates are recognisable."""
+    return f"{job_id}.{stage}"

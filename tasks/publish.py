@@ -1,0 +1,43 @@
+"""Publishing a committed job to the broker as a text -> video chain."""
+
+from __future__ import annotations
+
+import uuid
+
+from celery import Celery, chain
+from celery.canvas import Signature
+
+from tasks import names
+from tasks.config import broker_priority
+
+
+def job_signature(app: Celery, job_id: uuid.UUID | str, modality: str, priority: str) -> Signature:
+    """The canvas for one job: fixed task ids per stage, compensation on any failure."""
+    jid = str(job_id)
+    prio = broker_priority(priority, app.conf.broker_url)
+    text = app.signature(names.GENERATE_TEXT, args=(jid,), immutable=True).set(
+        task_id=names.stage_task_id(jid, "text"), priority=prio
+    )
+    errback = app.signature(names.COMPENSATE, args=(jid,), immutable=True)
+    if modality == "text":
+        return text.on_error(errback)
+    video = app.signature(names.GENERATE_VIDEO, args=(jid,), immutable=True).set(
+        task_id=names.stage_task_id(jid, "video"), priority=prio
+    )
+    return chain(text, video).on_error(errback)
+
+
+def publish_job(
+    app: Celery, job_id: uuid.UUID | str, modality: str, priority: str, timeout: float = 3.0
+) -> None:
+    """Send the job's first stage; raises kombu/OS errors if the broker cannot take it in time."""
+    job_signature(app, job_id, modality, priority).apply_async(
+        retry=True,
+        retry_policy={
+            "max_retries": 2,
+            "interval_start": 0,
+            "interval_step": 0.2,
+            "interval_max": 0.5,
+            "timeout": timeout,
+        },
+    )

@@ -1,0 +1,49 @@
+"""Per-process worker resources (settings, database engine), created lazily after the fork."""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from celery import Celery
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from models.db import make_engine, make_session_factory
+from models.settings import Settings
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    engine: Engine
+    sessions: sessionmaker[Session]
+    pid: int
+
+    @property
+    def artifact_dir(self) -> Path:
+        return Path(self.settings.artifact_dir)
+
+
+_runtimes: dict[int, Runtime] = {}
+_lock = threading.Lock()
+
+
+def runtime(app: Celery) -> Runtime:
+    """The runtime of `app` in this process; a forked child builds its own engine."""
+    key = id(app)
+    with _lock:
+        rt = _runtimes.get(key)
+        if rt is None or rt.pid != os.getpid():
+            settings: Settings = app.conf.genqueue_settings or Settings()
+            engine = make_engine(
+                settings.database_url,
+                pool_size=4,
+                max_overflow=4,
+                connect_timeout=settings.db_connect_timeout_s,
+            )
+            rt = Runtime(settings, engine, make_session_factory(engine), os.getpid())
+            _runtimes[key] = rt
+        return rt

@@ -1,0 +1,46 @@
+"""Throttled progress reporting and cooperative cancel checks for a running stage."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from sqlalchemy import select
+
+from models import Job, JobStatus, Stage, states
+from models.db import transaction
+from tasks.runtime import Runtime
+
+
+class JobWatch:
+    """Called from inside generation loops; touches the database at most every interval."""
+
+    def __init__(
+        self, rt: Runtime, job_id: uuid.UUID, stage: Stage, progress_from: int = 0, progress_to: int = 99
+    ) -> None:
+        self.rt, self.job_id, self.stage = rt, job_id, stage
+        self.lo, self.hi = progress_from, progress_to
+        self.interval = rt.settings.progress_interval_s
+        self._last_progress = 0.0
+        self._last_check = 0.0
+        self._canceled = False
+
+    def on_step(self, _index: int, step: int, total: int) -> None:
+        now = time.monotonic()
+        if now - self._last_progress < self.interval and step < total:
+            return
+        self._last_progress = now
+        progress = self.lo + (self.hi - self.lo) * step // max(total, 1)
+        with transaction(self.rt.sessions) as s:
+            states.set_progress(s, self.job_id, self.stage, progress)
+
+    def canceled(self) -> bool:
+        """True once the job left the running state (canceled by the client, or failed)."""
+        now = time.monotonic()
+        if self._canceled or now - self._last_check < self.interval:
+            return self._canceled
+        self._last_check = now
+        with self.rt.sessions() as s:
+            status = s.execute(select(Job.status).where(Job.id == self.job_id)).scalar()
+        self._canceled = status != JobStatus.RUNNING
+        return self._canceled

@@ -1,0 +1,142 @@
+"""Shared fixtures: a per-run Postgres database and Redis db, the Flask app, a real Celery worker."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from sqlalchemy import create_engine, text
+from sqlalchemy.orm import Session, sessionmaker
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from models.db import make_engine, make_session_factory
+from models.migrate import upgrade
+from models.settings import Settings
+
+PG_ADMIN = os.environ.get("GENQUEUE_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+REDIS_HOST = os.environ.get("GENQUEUE_TEST_REDIS", "redis://127.0.0.1:6379")
+TABLES = ("job_events", "jobs")
+
+
+def _claim_redis_db() -> int:
+    """Take a Redis db number no other concurrent test run holds (lease in db 0)."""
+    r = redis.Redis.from_url(f"{REDIS_HOST}/0")
+    for n in range(1, 16):
+        if r.set(f"genqueue:test-db-lease:{n}", os.getpid(), nx=True, ex=3 * 3600):
+            return n
+    raise RuntimeError("all Redis test databases 1-15 are leased; remove stale genqueue:test-db-lease:* keys")
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """A fresh, migrated Postgres database for this test run, dropped afterwards."""
+    name = f"gq_test_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+    url = PG_ADMIN.rsplit("/", 1)[0] + f"/{name}"
+    upgrade(url)
+    yield url
+    with admin.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def redis_db() -> Iterator[int]:
+    n = _claim_redis_db()
+    client = redis.Redis.from_url(f"{REDIS_HOST}/{n}")
+    client.flushdb()
+    yield n
+    client.flushdb()
+    redis.Redis.from_url(f"{REDIS_HOST}/0").delete(f"genqueue:test-db-lease:{n}")
+
+
+@pytest.fixture(scope="session")
+def redis_url(redis_db: int) -> str:
+    return f"{REDIS_HOST}/{redis_db}"
+
+
+@pytest.fixture(scope="session")
+def artifact_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("artifacts")
+
+
+@pytest.fixture(scope="session")
+def settings(pg_url: str, redis_url: str, artifact_root: Path) -> Settings:
+    return Settings(
+        database_url=pg_url,
+        broker_url=redis_url,
+        artifact_dir=artifact_root,
+        text_model="echo",
+        video_model="echo",
+        retry_backoff_s=0.05,
+        retry_backoff_max_s=0.2,
+        progress_interval_s=0.05,
+    )
+
+
+@pytest.fixture(scope="session")
+def engine(settings: Settings):
+    eng = make_engine(settings.database_url, pool_size=5)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def sessions(engine) -> sessionmaker[Session]:
+    """Session factory on the per-run database, emptied before each test."""
+    with engine.begin() as conn:
+        conn.execute(text(f"TRUNCATE {', '.join(TABLES)} RESTART IDENTITY CASCADE"))
+    return make_session_factory(engine)
+
+
+@pytest.fixture
+def broker(redis_url: str) -> redis.Redis:
+    """The per-run Redis db, emptied before each test so no message leaks between tests."""
+    client = redis.Redis.from_url(redis_url)
+    client.flushdb()
+    return client
+
+
+@pytest.fixture(scope="session")
+def celery_app(settings: Settings):
+    from tasks.celery_app import create_celery
+
+    return create_celery(settings)
+
+
+@pytest.fixture
+def app(settings: Settings, sessions, broker):
+    from app import create_app
+
+    flask_app = create_app(settings)
+    flask_app.testing = True
+    return flask_app
+
+
+@pytest.fixture
+def client(app):
+    return app.test_client()
+
+
+@pytest.fixture
+def worker(celery_app, sessions, broker):
+    """A real Celery worker (threads pool) consuming every queue of the per-run broker."""
+    from celery.contrib.testing.worker import start_worker
+
+    import tasks.pipeline  # noqa: F401  registers the tasks on the app
+
+    with start_worker(
+        celery_app,
+        pool="threads",
+        concurrency=4,
+        perform_ping_check=False,
+        shutdown_timeout=30,
+        loglevel="WARNING",
+    ) as w:
+        yield w

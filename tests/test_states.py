@@ -1,0 +1,94 @@
+"""The job state machine: conditional transitions never move a job backwards or finish it twice."""
+from __future__ import annotations
+
+import uuid
+
+from sqlalchemy import func, select
+
+from models import Job, JobEvent, JobStatus, Stage, states
+from models.db import transaction
+
+
+def _job(sessions, modality: str = "video") -> uuid.UUID:
+    with transaction(sessions) as s:
+        job = Job(modality=modality, prompt="a cat", params={})
+        s.add(job)
+        s.flush()
+        return job.id
+
+
+def _events(sessions, jid: uuid.UUID) -> list[str]:
+    with sessions() as s:
+        return list(s.scalars(select(JobEvent.type).where(JobEvent.job_id == jid).order_by(JobEvent.id)))
+
+
+def test_happy_path_video(sessions) -> None:
+    jid = _job(sessions)
+    with transaction(sessions) as s:
+        assert states.mark_published(s, jid)
+        assert states.start_text(s, jid)
+        assert states.complete_text(s, jid, "shot", 0.1, final=False, progress=20)
+        assert states.set_progress(s, jid, Stage.VIDEO, 50)
+        assert states.complete_video(s, jid, "x/video.mp4", 10, 0.2)
+    with sessions() as s:
+        job = s.get(Job, jid)
+        assert (job.status, job.stage, job.progress, job.output_text) == ("succeeded", "video", 100, "shot")
+        assert job.completed_at is not None and job.text_completed_at is not None
+    assert _events(sessions, jid) == ["job.started", "job.text.completed", "job.succeeded"]
+
+
+def test_text_job_succeeds_after_text(sessions) -> None:
+    jid = _job(sessions, "text")
+    with transaction(sessions) as s:
+        states.start_text(s, jid)
+        assert states.complete_text(s, jid, "out", 0.1, final=True, progress=20)
+    with sessions() as s:
+        assert s.get(Job, jid).status == JobStatus.SUCCEEDED
+    assert _events(sessions, jid) == ["job.started", "job.text.completed", "job.succeeded"]
+
+
+def test_no_double_transitions(sessions) -> None:
+    jid = _job(sessions)
+    with transaction(sessions) as s:
+        assert states.start_text(s, jid)
+        assert not states.start_text(s, jid), "a second start is not a transition"
+        assert states.complete_text(s, jid, "shot", 0.1, final=False, progress=20)
+        assert not states.complete_text(s, jid, "again", 0.1, final=False, progress=20)
+        assert states.complete_video(s, jid, "x", 1, 0.1)
+        assert not states.complete_video(s, jid, "x", 1, 0.1), "finished twice"
+        assert not states.fail(s, jid, "boom", "late failure", "video")
+        assert not states.cancel(s, jid)
+    with sessions() as s:
+        assert s.get(Job, jid).output_text == "shot"
+        n = s.scalar(select(func.count()).select_from(JobEvent).where(JobEvent.type == "job.succeeded"))
+        assert n == 1
+
+
+def test_no_backwards_transitions(sessions) -> None:
+    jid = _job(sessions)
+    with transaction(sessions) as s:
+        states.start_text(s, jid)
+        states.complete_text(s, jid, "shot", 0.1, final=False, progress=20)
+        # A redelivered text task cannot take the job back to the text stage.
+        assert not states.resume_stage(s, jid, Stage.TEXT)
+        assert not states.start_text(s, jid)
+        assert states.resume_stage(s, jid, Stage.VIDEO)
+        assert not states.set_progress(s, jid, Stage.VIDEO, 10), "progress never goes down"
+    with sessions() as s:
+        job = s.get(Job, jid)
+        assert (job.status, job.stage, job.progress) == ("running", "video", 20)
+
+
+def test_cancel_and_fail_only_active(sessions) -> None:
+    queued, running = _job(sessions), _job(sessions)
+    with transaction(sessions) as s:
+        states.start_text(s, running)
+        assert states.cancel(s, queued)
+        assert not states.start_text(s, queued), "a canceled job never starts"
+        assert states.fail(s, running, "oops", "it broke", "text")
+        assert not states.cancel(s, running)
+        assert not states.complete_text(s, running, "late", 0.1, final=True, progress=20)
+    with sessions() as s:
+        q, r = s.get(Job, queued), s.get(Job, running)
+        assert q.status == "canceled" and q.error_code == "canceled"
+        assert (r.status, r.error_code, r.error_stage) == ("failed", "oops", "text")
