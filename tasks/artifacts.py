@@ -14,7 +14,7 @@ VIDEO_NAME = "video.mp4"
 THUMBNAIL_NAME = "thumbnail.jpg"
 
 
-def job_dir(root: Path, job_id: uuid.UUID) -> Path:
+def job_dir(root: Path, job_id: uuid.UUID | str) -> Path:
     return Path(root) / str(job_id)
 
 

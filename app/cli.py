@@ -1,0 +1,138 @@
+"""The `genqueue` command: demo, embedded or plain serving, migrations, worker checks."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from models.settings import Settings
+
+DEFAULT_DATA_DIR = Path("var/embedded")
+
+
+def _offline() -> None:
+    # Nothing this command runs may reach a model hub.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+
+@click.group()
+@click.option("-v", "--verbose", is_flag=True, help="Log at INFO level.")
+def main(verbose: bool) -> None:
+    """Genqueue: run text and video generation jobs at high concurrency."""
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def _wait(client: Any, location: str, poll_s: float = 0.2) -> dict[str, Any]:
+    """Poll the job until it finishes, drawing a progress bar on a terminal."""
+    from tqdm import tqdm
+
+    last = ""
+    with tqdm(total=100, unit="%", disable=not sys.stderr.isatty(), bar_format="{l_bar}{bar}| {n}%") as bar:
+        while True:
+            job = client.get(location).get_json()
+            label = f"{job['status']}{'/' + job['stage'] if job.get('stage') else ''}"
+            bar.set_description(label)
+            bar.update(job["progress"] - bar.n)
+            if bar.disable and label != last:  # not a terminal: one line per state change
+                click.echo(f"  {label} {job['progress']}%", err=True)
+                last = label
+            if job["status"] in ("succeeded", "failed", "canceled"):
+                return job
+            time.sleep(poll_s)
+
+
+@main.command()
+@click.argument("prompt")
+@click.option("--modality", type=click.Choice(["video", "text"]), default="video", show_default=True)
+@click.option("--data-dir", type=click.Path(path_type=Path), default=DEFAULT_DATA_DIR, show_default=True)
+@click.option("--param", "params", multiple=True, metavar="KEY=VALUE", help="Job params, e.g. num_frames=17.")
+def demo(prompt: str, modality: str, data_dir: Path, params: tuple[str, ...]) -> None:
+    """Run one job end to end in this process (SQLite, in-process broker, real models)."""
+    _offline()
+    from app import create_app
+    from tasks.embedded import embedded_settings, embedded_worker
+
+    settings = embedded_settings(data_dir)
+    job_params = {
+        k: json.loads(v) if v[:1].isdigit() or v in ("true", "false") else v
+        for k, v in (p.split("=", 1) for p in params)
+    }
+    click.echo(f"Loading models ({settings.text_model}, {settings.video_model})...", err=True)
+    with embedded_worker(settings):
+        client = create_app(settings).test_client()
+        resp = client.post("/v1/jobs", json={"prompt": prompt, "modality": modality, "params": job_params})
+        if resp.status_code != 202:
+            raise click.ClickException(f"job rejected ({resp.status_code}): {resp.get_data(as_text=True)}")
+        job = resp.get_json()
+        click.echo(f"Job {job['id']} queued", err=True)
+        job = _wait(client, resp.headers["Location"])
+    if job["status"] != "succeeded":
+        err = job.get("error") or {}
+        raise click.ClickException(f"job {job['status']}: {err.get('code')}: {err.get('message')}")
+    click.echo(f"Text: {job['outputs']['text']}")
+    if modality == "video":
+        from tasks.artifacts import VIDEO_NAME, job_dir
+
+        click.echo(f"Video: {(job_dir(settings.artifact_dir, job['id']) / VIDEO_NAME).resolve()}")
+
+
+@main.command()
+@click.option("--embedded", is_flag=True, help="SQLite + in-process broker and worker; no services needed.")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--data-dir", type=click.Path(path_type=Path), default=DEFAULT_DATA_DIR, show_default=True)
+def serve(embedded: bool, host: str, port: int, data_dir: Path) -> None:
+    """Serve the HTTP API (development server; production uses gunicorn, see the Procfile)."""
+    _offline()
+    from app import create_app
+
+    if not embedded:
+        create_app(Settings()).run(host=host, port=port, threaded=True)
+        return
+    from tasks.embedded import embedded_settings, embedded_worker
+
+    settings = embedded_settings(data_dir)
+    click.echo("Loading models...", err=True)
+    with embedded_worker(settings):
+        click.echo(
+            f"Genqueue (embedded) on http://{host}:{port}  data in {settings.artifact_dir.parent}", err=True
+        )
+        create_app(settings).run(host=host, port=port, threaded=True, use_reloader=False)
+
+
+@main.command()
+def migrate() -> None:
+    """Create the database if needed and upgrade its schema to the latest revision."""
+    from models.migrate import upgrade
+
+    upgrade(Settings().database_url)
+    click.echo("database at head")
+
+
+@main.command()
+@click.option("--timeout", default=2.0, show_default=True)
+def workers(timeout: float) -> None:
+    """List the live workers and the queues each consumes; exit 1 if there are none."""
+    from tasks.celery_app import create_celery
+
+    queues = create_celery(Settings()).control.inspect(timeout=timeout).active_queues() or {}
+    for name, qs in sorted(queues.items()):
+        click.echo(f"{name}: {', '.join(q['name'] for q in qs)}")
+    if not queues:
+        raise click.ClickException("no worker answered")
+
+
+if __name__ == "__main__":
+    main()

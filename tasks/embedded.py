@@ -1,0 +1,56 @@
+"""Single-process mode: SQLite, the in-process memory broker and a worker thread, no external services."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from celery import Celery
+
+from models.migrate import upgrade
+from models.settings import Settings
+from tasks import names
+from tasks.celery_app import create_celery
+from tasks.lifecycle import preload_models
+
+log = logging.getLogger("genqueue.embedded")
+
+
+def embedded_settings(data_dir: Path, **overrides: object) -> Settings:
+    """Settings for one process holding the database file, the broker and the worker."""
+    data_dir = Path(data_dir).resolve()
+    values: dict[str, object] = {
+        "database_url": f"sqlite:///{data_dir / 'genqueue.db'}",
+        "broker_url": "memory://",
+        "artifact_dir": data_dir / "artifacts",
+        "worker_preload": "text,video",
+    }
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return Settings(**values)  # type: ignore[arg-type]
+
+
+@contextmanager
+def embedded_worker(settings: Settings, concurrency: int = 2) -> Iterator[Celery]:
+    """Migrate the SQLite database, load the models, and run a worker thread on every queue."""
+    from celery.contrib.testing.worker import start_worker
+
+    import tasks.pipeline  # noqa: F401  registers the tasks
+
+    upgrade(settings.database_url)
+    Path(settings.artifact_dir).mkdir(parents=True, exist_ok=True)
+    app = create_celery(settings)
+    loaded = preload_models(settings)
+    log.info("embedded worker ready; models: %s", ", ".join(loaded) or "lazy")
+    # The threads pool: the memory transport only works between threads of one process.
+    with start_worker(
+        app,
+        pool="threads",
+        concurrency=concurrency,
+        perform_ping_check=False,
+        shutdown_timeout=60,
+        loglevel="WARNING",
+        queues=list(names.ALL_QUEUES),
+    ):
+        yield app

@@ -1,0 +1,52 @@
+"""Worker process lifecycle: load the configured models once per process, after the fork."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from celery import Celery
+from celery.signals import worker_process_init, worker_ready
+
+from models.settings import Settings
+from tasks.generators.registry import get_generator
+
+log = logging.getLogger("genqueue.worker")
+
+
+def preload_models(settings: Settings) -> list[str]:
+    """Load (and warm up) the models named in settings.worker_preload; returns what was loaded."""
+    loaded = []
+    for kind in filter(None, (k.strip() for k in settings.worker_preload.split(","))):
+        spec = settings.text_model if kind == "text" else settings.video_model
+        gen = get_generator(kind, spec)
+        loaded.append(f"{kind}={spec}@{getattr(gen, 'device', '?')}")
+    return loaded
+
+
+def _settings(app: Any) -> Settings:
+    return getattr(getattr(app, "conf", None), "genqueue_settings", None) or Settings()
+
+
+def _on_process_init(**_: Any) -> None:
+    # Prefork child: the only safe place to touch CUDA. Never in the parent before the fork.
+    from celery import current_app
+
+    loaded = preload_models(_settings(current_app))
+    log.info("genqueue worker process %d ready; models: %s", os.getpid(), ", ".join(loaded) or "lazy")
+
+
+def _on_worker_ready(sender: Any = None, **_: Any) -> None:
+    pool = getattr(getattr(sender, "controller", None), "pool_cls", "")
+    name = pool if isinstance(pool, str) else getattr(pool, "__module__", "")
+    if "prefork" in name:
+        return  # children loaded their own models in worker_process_init
+    loaded = preload_models(_settings(sender.app))
+    log.info("genqueue worker %s ready; models: %s", sender.hostname, ", ".join(loaded) or "lazy")
+
+
+def connect(app: Celery) -> None:
+    """Hook the model loading into the worker signals (idempotent)."""
+    worker_process_init.connect(_on_process_init, weak=False, dispatch_uid="genqueue-preload-child")
+    worker_ready.connect(_on_worker_ready, weak=False, dispatch_uid="genqueue-preload-ready")
