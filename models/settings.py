@@ -31,7 +31,6 @@ class Settings(BaseSettings):
     db_max_overflow: int = 10
     db_connect_timeout_s: int = 3
     broker_visibility_timeout_s: int = 7200
-    publish_timeout_s: float = 3.0
 
     text_soft_time_limit_s: int = 300
     text_time_limit_s: int = 360

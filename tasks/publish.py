@@ -27,17 +27,18 @@ def job_signature(app: Celery, job_id: uuid.UUID | str, modality: str, priority:
     return chain(text, video).on_error(errback)
 
 
-def publish_job(
-    app: Celery, job_id: uuid.UUID | str, modality: str, priority: str, timeout: float = 3.0
-) -> None:
-    """Send the job's first stage; raises kombu/OS errors if the broker cannot take it in time."""
+def publish_job(app: Celery, job_id: uuid.UUID | str, modality: str, priority: str) -> None:
+    """Send the job's first stage; raises kombu/OS errors if the broker cannot take it in time.
+
+    Bounded: broker_connection_timeout per try, two quick retries, so a broker outage
+    becomes a 503 within seconds instead of a hung request.
+    """
     job_signature(app, job_id, modality, priority).apply_async(
         retry=True,
         retry_policy={
             "max_retries": 2,
             "interval_start": 0,
             "interval_step": 0.2,
-            "interval_max": 0.5,
-            "timeout": timeout,
+            "interval_max": 0.5
         },
     )
