@@ -9,9 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from tasks.media import encode_mp4, write_thumbnail
-
-VIDEO_NAME = "video.mp4"
-THUMBNAIL_NAME = "thumbnail.jpg"
+from tasks.names import THUMBNAIL_NAME, VIDEO_NAME
 
 
 def job_dir(root: Path, job_id: uuid.UUID | str) -> Path:

@@ -23,7 +23,7 @@ def embedded_settings(data_dir: Path, **overrides: object) -> Settings:
     data_dir = Path(data_dir).resolve()
     values: dict[str, object] = {
         "database_url": f"sqlite:///{data_dir / 'genqueue.db'}",
-        "broker_url": "memory://",
+        "broker_url": "memory://localhost/",
         "artifact_dir": data_dir / "artifacts",
         "worker_preload": "text,video",
     }

@@ -18,6 +18,11 @@ REAP_STUCK_JOBS = "genqueue.reap_stuck_jobs"
 EXPIRE_ARTIFACTS = "genqueue.expire_artifacts"
 
 
+# A finished video job's files, inside its folder under the artifact directory.
+VIDEO_NAME = "video.mp4"
+THUMBNAIL_NAME = "thumbnail.jpg"
+
+
 def stage_task_id(job_id: str, stage: str) -> str:
     """The fixed Celery task id of one job's stage, so duplicates are recognisable."""
     return f"{job_id}.{stage}"

@@ -1,0 +1,155 @@
+"""API errors and the one handler that renders every failure as RFC 9457 problem+json."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import kombu.exceptions
+import sqlalchemy.exc
+from flask import Flask, Response, json
+from werkzeug.exceptions import HTTPException
+from werkzeug.http import HTTP_STATUS_CODES
+
+log = logging.getLogger("genqueue.api")
+
+PROBLEM_JSON = "application/problem+json"
+# Problem types are identifiers, not links (RFC 9457 3.1.1 allows non-resolvable URIs);
+# plain HTTP failures use "about:blank", whose title is the status phrase.
+PROBLEM_BASE = "tag:genqueue,2025:problem:"
+RETRY_AFTER_S = 5
+
+try:  # redis-py errors when kombu lets them through unwrapped
+    import redis.exceptions as _redis
+
+    _REDIS_DOWN: tuple[type[BaseException], ...] = (_redis.ConnectionError, _redis.TimeoutError)
+except ImportError:  # pragma: no cover - an AMQP-only install
+    _REDIS_DOWN = ()
+
+# A dependency that is down or overloaded: worth retrying, not the client's fault.
+UNAVAILABLE: tuple[type[BaseException], ...] = (
+    sqlalchemy.exc.OperationalError,
+    sqlalchemy.exc.TimeoutError,  # pool exhausted
+    sqlalchemy.exc.DisconnectionError,
+    kombu.exceptions.OperationalError,
+    ConnectionError,
+    TimeoutError,
+    *_REDIS_DOWN,
+)
+
+
+class ApiError(Exception):
+    """An error the client may act on; subclasses fix status, title and type."""
+
+    status = 500
+    title = "Internal Server Error"
+    slug: str | None = None  # None: about:blank
+
+    def __init__(
+        self,
+        detail: str | None = None,
+        *,
+        errors: Iterable[Mapping[str, str]] = (),
+        headers: Mapping[str, str] | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(detail or self.title)
+        self.detail = detail or self.title
+        self.errors = [{"field": e["field"], "message": e["message"]} for e in errors]
+        self.headers = dict(headers or {})
+        self.extra = dict(extra or {})
+
+    @property
+    def type(self) -> str:
+        return f"{PROBLEM_BASE}{self.slug}" if self.slug else "about:blank"
+
+
+class BadRequest(ApiError):
+    status, title, slug = 400, "Bad Request", "malformed-request"
+
+
+class NotFound(ApiError):
+    status, title, slug = 404, "Not Found", "not-found"
+
+
+class Conflict(ApiError):
+    status, title, slug = 409, "Conflict", "conflict"
+
+
+class PayloadTooLarge(ApiError):
+    status, title, slug = 413, "Content Too Large", "payload-too-large"
+
+
+class UnsupportedMediaType(ApiError):
+    status, title, slug = 415, "Unsupported Media Type", "unsupported-media-type"
+
+
+class ValidationFailed(ApiError):
+    status, title, slug = 422, "Validation Failed", "validation-failed"
+
+
+class ServiceUnavailable(ApiError):
+    status, title, slug = 503, "Service Unavailable", "service-unavailable"
+
+    def __init__(self, detail: str | None = None, *, retry_after: int = RETRY_AFTER_S, **kw: Any) -> None:
+        super().__init__(detail, **kw)
+        self.headers.setdefault("Retry-After", str(retry_after))
+
+
+def problem_response(err: ApiError) -> Response:
+    body: dict[str, Any] = {
+        **err.extra,
+        "type": err.type,
+        "title": err.title,
+        "status": err.status,
+        "detail": err.detail,
+        "errors": err.errors,
+    }
+    resp = Response(json.dumps(body), status=err.status, mimetype=PROBLEM_JSON)
+    resp.headers.update(err.headers)
+    return resp
+
+
+def _from_http(exc: HTTPException) -> ApiError:
+    """werkzeug's own errors (unknown route, wrong method, body over MAX_CONTENT_LENGTH...)."""
+    code = exc.code or 500
+    mapped: dict[int, type[ApiError]] = {
+        400: BadRequest,
+        404: NotFound,
+        409: Conflict,
+        413: PayloadTooLarge,
+        415: UnsupportedMediaType,
+    }
+    cls = mapped.get(code)
+    # Keep headers such as Allow (405) or WWW-Authenticate; the body is ours.
+    headers = {k: v for k, v in exc.get_headers() if k.lower() != "content-type"}
+    if cls is not None:
+        return cls(exc.description, headers=headers)
+    err = ApiError(exc.description, headers=headers)
+    err.status, err.title = code, HTTP_STATUS_CODES.get(code, "Error")
+    return err
+
+
+def to_api_error(exc: BaseException) -> ApiError:
+    """Map any exception to the error the client sees. Internals never reach the body."""
+    if isinstance(exc, ApiError):
+        return exc
+    if isinstance(exc, HTTPException):
+        return _from_http(exc)
+    if isinstance(exc, UNAVAILABLE):
+        log.warning("dependency unavailable: %s: %s", type(exc).__name__, exc)
+        return ServiceUnavailable("A backing service (database or queue) is unavailable; retry shortly.")
+    log.exception("unhandled error", exc_info=exc)
+    return ApiError("An unexpected error occurred; it has been logged.")
+
+
+def handle_error(exc: Exception) -> Response | HTTPException:
+    if isinstance(exc, HTTPException) and exc.code is not None and exc.code < 400:
+        return exc  # redirects raised by routing are not errors
+    return problem_response(to_api_error(exc))
+
+
+def register_error_handler(app: Flask) -> None:
+    """The single error handler: Flask routes HTTPExceptions here too."""
+    app.register_error_handler(Exception, handle_error)

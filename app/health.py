@@ -1,0 +1,57 @@
+"""Liveness (the process answers) and readiness (the database and the broker answer)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from flask import Blueprint, Response, jsonify
+from sqlalchemy import text
+
+from app import services
+from app.errors import ServiceUnavailable
+
+log = logging.getLogger("genqueue.api")
+bp = Blueprint("health", __name__, url_prefix="/v1")
+
+BROKER_TIMEOUT_S = 2.0  # a readiness probe must answer well inside the orchestrator's timeout
+
+
+@bp.get("/health")
+def health() -> Response:
+    """Liveness: touches nothing, so a database outage never gets the process restarted."""
+    return jsonify({"status": "ok"})
+
+
+def _check_database() -> None:
+    with services().engine.connect() as conn:
+        conn.execute(text("SELECT 1"))
+
+
+def _check_broker() -> None:
+    # A fresh connection, not the publisher pool: a pooled one may look alive and not be.
+    with services().celery.connection_for_write() as conn:
+        conn.ensure_connection(max_retries=0, timeout=BROKER_TIMEOUT_S)
+
+
+def _probe(check: Callable[[], None]) -> dict[str, Any]:
+    started = time.perf_counter()
+    try:
+        check()
+    except Exception as exc:
+        log.warning("readiness check %s failed: %s: %s", check.__name__, type(exc).__name__, exc)
+        # The exception class only: messages can carry hosts, paths or credentials.
+        return {"status": "fail", "error": type(exc).__name__}
+    return {"status": "ok", "latency_ms": round((time.perf_counter() - started) * 1000, 1)}
+
+
+@bp.get("/ready")
+def ready() -> Response:
+    """Readiness: 200 when a job submitted now would be recorded and queued."""
+    checks = {"database": _probe(_check_database), "broker": _probe(_check_broker)}
+    failed = [name for name, result in checks.items() if result["status"] != "ok"]
+    if failed:
+        raise ServiceUnavailable(f"Not ready: {', '.join(failed)} unavailable.", extra={"checks": checks})
+    return jsonify({"status": "ready", "checks": checks})

@@ -1,0 +1,81 @@
+"""Prometheus metrics: request counts and latency per route and status, jobs submitted per modality.
+
+With PROMETHEUS_MULTIPROC_DIR set (gunicorn with several workers) prometheus-client keeps the
+values in files there and /metrics aggregates every process; the directory must exist, be
+emptied before the server starts, and the variable be set before this process imports
+prometheus_client (the library reads it at import).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from flask import Flask, Response, g, request
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
+
+
+class Metrics:
+    """One registry per app, so several apps in one process (tests) never collide."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter(
+            "genqueue_http_requests",
+            "HTTP requests by route template, method and status.",
+            ["endpoint", "method", "status"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "genqueue_http_request_duration_seconds",
+            "HTTP request latency by route template and method.",
+            ["endpoint", "method"],
+            registry=self.registry,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        )
+        self.jobs_submitted = Counter(
+            "genqueue_jobs_submitted",
+            "Jobs accepted and published, by modality.",
+            ["modality"],
+            registry=self.registry,
+        )
+
+    def exposition(self) -> bytes:
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)  # reads every process's files
+            return generate_latest(registry)
+        return generate_latest(self.registry)
+
+
+def _endpoint() -> str:
+    # The route template (/v1/jobs/<job_id>), never the raw path: ids would explode cardinality.
+    return request.url_rule.rule if request.url_rule is not None else "unmatched"
+
+
+def init_app(app: Flask) -> None:
+    metrics: Metrics = app.extensions["genqueue"].metrics
+
+    @app.before_request
+    def _start_timer() -> None:
+        g.metrics_started = time.perf_counter()
+
+    @app.after_request
+    def _record(response: Response) -> Response:
+        started = g.pop("metrics_started", None)
+        endpoint, method = _endpoint(), request.method
+        metrics.requests.labels(endpoint, method, str(response.status_code)).inc()
+        if started is not None:
+            metrics.latency.labels(endpoint, method).observe(time.perf_counter() - started)
+        return response
+
+    @app.get("/metrics")
+    def prometheus_metrics() -> Response:
+        return Response(metrics.exposition(), content_type=CONTENT_TYPE_LATEST)

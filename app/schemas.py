@@ -1,0 +1,176 @@
+"""Request models for the API (pydantic v2, strict, no unknown fields) and their error mapping.
+
+Video size is given as separate `width` and `height` integers, not a "WxH" string: each is
+validated and reported on its own (`params.width`), and the JSON schema states the rule.
+Omitted params are filled from Settings (a random seed is drawn and stored), so a stored
+job's params are complete and the job can be reproduced exactly.
+"""
+
+from __future__ import annotations
+
+import secrets
+import unicodedata
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from models.settings import Settings
+
+SEED_MAX = 2**32 - 1
+DEFAULT_TEMPERATURE = 0.0  # greedy, as TextRequest defaults
+METADATA_MAX_KEYS = 16
+METADATA_MAX_CHARS = 256
+PROMPT_MAX_CHARS = 4000  # the documented default; Settings.prompt_max_chars is enforced
+_KEEP_CONTROL = {"\n", "\t"}
+
+
+class Strict(BaseModel):
+    # Strict: "256" is not 256 and true is not 1; a typo'd field is an error, not ignored.
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class TextParams(Strict):
+    """Parameters of the text stage (every job runs it)."""
+
+    max_new_tokens: int | None = Field(None, ge=1, le=512, description="Default: server setting (64).")
+    temperature: float | None = Field(None, ge=0, le=2, description="0 is greedy decoding (the default).")
+    seed: int | None = Field(None, ge=0, le=SEED_MAX, description="Default: a random seed, stored.")
+
+
+class VideoParams(TextParams):
+    """Parameters of a video job: the text stage's, plus the video stage's."""
+
+    width: int | None = Field(None, ge=64, le=1024, multiple_of=16, description="Default: 256.")
+    height: int | None = Field(None, ge=64, le=1024, multiple_of=16, description="Default: 256.")
+    num_frames: int | None = Field(None, ge=1, le=121, description="4k+1 (1, 5, ..., 121). Default: 17.")
+    fps: int | None = Field(None, ge=1, le=60, description="Default: 8.")
+    steps: int | None = Field(None, ge=1, le=100, description="Denoising steps. Default: 8.")
+    allow_degraded: bool | None = Field(None, description="Accept a degraded result. Default: false.")
+
+    @field_validator("num_frames")
+    @classmethod
+    def _four_k_plus_one(cls, v: int | None) -> int | None:
+        if v is not None and (v - 1) % 4:
+            raise PydanticCustomError("num_frames", "must be 4k+1 (1, 5, 9, ..., 121)")
+        return v
+
+
+MetaKey = Annotated[str, StringConstraints(min_length=1, max_length=METADATA_MAX_CHARS)]
+MetaValue = Annotated[str, StringConstraints(max_length=METADATA_MAX_CHARS)]
+
+
+class JobCreateBase(Strict):
+    prompt: str = Field(min_length=1, json_schema_extra={"maxLength": PROMPT_MAX_CHARS})
+    priority: Literal["high", "normal", "low"] | None = "normal"
+    metadata: dict[MetaKey, MetaValue] | None = Field(None, max_length=METADATA_MAX_KEYS)
+
+    @field_validator("prompt")
+    @classmethod
+    def _clean_prompt(cls, v: str, info: ValidationInfo) -> str:
+        v = unicodedata.normalize("NFC", v).replace("\r\n", "\n")
+        # Cc: control characters (NUL cannot even be stored); Cs: lone surrogates, not encodable.
+        v = "".join(c for c in v if c in _KEEP_CONTROL or unicodedata.category(c) not in ("Cc", "Cs")).strip()
+        if not v:
+            raise PydanticCustomError("blank", "must not be blank")
+        settings = (info.context or {}).get("settings")
+        limit = settings.prompt_max_chars if settings else PROMPT_MAX_CHARS
+        if len(v) > limit:
+            raise PydanticCustomError("too_long", "must be at most {limit} characters", {"limit": limit})
+        return v
+
+    @field_validator("metadata")
+    @classmethod
+    def _storable(cls, v: dict[str, str] | None) -> dict[str, str] | None:
+        for text in (*(v or {}).keys(), *(v or {}).values()):
+            if any(unicodedata.category(c) in ("Cc", "Cs") for c in text):
+                raise PydanticCustomError(
+                    "control_chars", "keys and values must not contain control characters"
+                )
+        return v
+
+
+class TextJobCreate(JobCreateBase):
+    """A text job: the prompt becomes text."""
+
+    modality: Literal["text"]
+    params: TextParams | None = None
+
+
+class VideoJobCreate(JobCreateBase):
+    """A video job: the prompt becomes a shot description, then an MP4."""
+
+    modality: Literal["video"]
+    params: VideoParams | None = None
+
+
+JobCreate = Annotated[TextJobCreate | VideoJobCreate, Field(discriminator="modality")]
+job_create_adapter: TypeAdapter[TextJobCreate | VideoJobCreate] = TypeAdapter(JobCreate)
+_VIDEO_ONLY = set(VideoParams.model_fields) - set(TextParams.model_fields)
+
+
+def complete_params(req: TextJobCreate | VideoJobCreate, settings: Settings) -> dict[str, Any]:
+    """The params as stored: every omitted one filled from Settings."""
+    given = req.params.model_dump(exclude_none=True) if req.params else {}
+    params: dict[str, Any] = {
+        "max_new_tokens": settings.default_max_new_tokens,
+        "temperature": DEFAULT_TEMPERATURE,
+        "seed": secrets.randbelow(SEED_MAX + 1),
+    }
+    if req.modality == "video":
+        params |= {
+            "width": settings.default_width,
+            "height": settings.default_height,
+            "num_frames": settings.default_num_frames,
+            "fps": settings.default_fps,
+            "steps": settings.default_steps,
+            "allow_degraded": False,
+        }
+    return params | given
+
+
+def field_errors(exc: ValidationError, body: Any) -> list[dict[str, str]]:
+    """pydantic errors as [{field, message}] with dotted field paths such as `params.width`."""
+    out = []
+    modality = body.get("modality") if isinstance(body, dict) else None
+    for err in exc.errors(include_url=False):
+        loc = [str(p) for p in err["loc"]]
+        if loc and loc[0] in ("text", "video"):  # the union's tag, not a field
+            loc = loc[1:]
+        kind, message = err["type"], err["msg"]
+        if loc and loc[-1] == "[key]":  # a bad mapping key: name the mapping, quote the key
+            message = f"key {loc[-2][:40]!r}: {message}"
+            loc = loc[:-2]
+        if kind in ("union_tag_invalid", "union_tag_not_found"):
+            loc, message = ["modality"], "must be one of: text, video"
+        elif kind == "model_attributes_type" and not loc:
+            message = "the body must be a JSON object"
+        elif kind == "extra_forbidden":
+            message = "unknown field"
+            if loc[:1] == ["params"] and loc[-1] in _VIDEO_ONLY and modality == "text":
+                message = "only valid for video jobs"
+        out.append({"field": ".".join(loc) or "body", "message": message})
+    return out
+
+
+def parse_job(body: Any, settings: Settings) -> TextJobCreate | VideoJobCreate:
+    """Validate a decoded JSON body; raises ValidationError."""
+    return job_create_adapter.validate_python(body, context={"settings": settings})
+
+
+class ListQuery(Strict):
+    """Query string of GET /v1/jobs."""
+
+    model_config = ConfigDict(extra="forbid", strict=False)  # query values arrive as strings
+    limit: int = Field(20, ge=1, le=100)
+    status: str | None = Field(None, description="One status or a comma-separated list.")
+    cursor: str | None = Field(None, description="`next_cursor` of the previous page.")
