@@ -1,0 +1,1 @@
+"""Model adapters: text and video generators behind one small interface (see base.py)."""
