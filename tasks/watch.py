@@ -23,6 +23,9 @@ class JobWatch:
         self.interval = rt.settings.progress_interval_s
         self._last_progress = 0.0
         self._last_check = 0.0
+        # job.progress events (webhooks) are rarer than progress writes; starting the clock at
+        # stage entry keeps them apart across stages and redeliveries too.
+        self._last_event = time.monotonic()
         self._canceled = False
 
     def on_step(self, _index: int, step: int, total: int) -> None:
@@ -31,8 +34,11 @@ class JobWatch:
             return
         self._last_progress = now
         progress = self.lo + (self.hi - self.lo) * step // max(total, 1)
+        event = now - self._last_event >= self.rt.settings.webhook_progress_interval_s
         with transaction(self.rt.sessions) as s:
-            states.set_progress(s, self.job_id, self.stage, progress)
+            moved = states.set_progress(s, self.job_id, self.stage, progress, event=event)
+        if moved and event:
+            self._last_event = now
 
     def canceled(self) -> bool:
         """True once the job left the running state (canceled by the client, or failed)."""

@@ -1,0 +1,85 @@
+"""The webhook outbox: events become outbox rows in the transition's transaction; commits wake a dispatcher.
+
+A state change and the webhook message that reports it commit together, so a crash
+after the commit loses nothing: the message waits in `webhook_messages` until a
+dispatcher (woken right after the commit, or by the periodic relay) fans it out.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Iterable
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import DateTime, Uuid, event
+from sqlalchemy.orm import Session, sessionmaker
+
+from models.job import Job, JobEvent
+from models.webhook import WebhookMessage, any_registered_endpoint
+
+log = logging.getLogger("genqueue.webhooks")
+
+_PENDING = "genqueue.outbox.pending"  # session.info key: jobs with messages in this transaction
+_COLUMNS = Job.__table__.columns
+
+
+def snapshot(job: Job) -> dict[str, Any]:
+    """The job row as plain JSON values (datetimes ISO 8601, UUIDs as strings)."""
+    out: dict[str, Any] = {}
+    for col in _COLUMNS:
+        value = getattr(job, col.key)
+        if isinstance(value, datetime):
+            value = value.isoformat()
+        elif isinstance(value, uuid.UUID):
+            value = str(value)
+        out[col.key] = value
+    return out
+
+
+def job_from_snapshot(data: dict[str, Any]) -> Job:
+    """A transient Job equal to the snapshotted row, for models.resource.job_resource."""
+    values: dict[str, Any] = {}
+    for col in _COLUMNS:
+        if col.key not in data:
+            continue  # a column added after the snapshot was taken keeps its default
+        value = data[col.key]
+        if value is not None and isinstance(col.type, DateTime):
+            value = datetime.fromisoformat(value)
+        elif value is not None and isinstance(col.type, Uuid):
+            value = uuid.UUID(value)
+        values[col.key] = value
+    return Job(**values)
+
+
+def record(session: Session, job: Job, ev: JobEvent) -> None:
+    """Queue `ev` for webhooks if the job has its own webhook or any endpoint is registered."""
+    if job.webhook is None and not any_registered_endpoint(session):
+        return
+    session.add(WebhookMessage(event=ev, job_id=job.id, type=ev.type, snapshot=snapshot(job)))
+    session.info.setdefault(_PENDING, set()).add(job.id)
+
+
+Notify = Callable[[Iterable[uuid.UUID]], None]
+
+
+def on_commit(sessions: sessionmaker[Session], notify: Notify) -> None:
+    """After each commit of a session from `sessions`, call `notify(job_ids)` for its new messages.
+
+    `notify` must not raise; if it fails (broker down, process killed) the relay finds the rows.
+    """
+
+    def _after_commit(session: Session) -> None:
+        jobs = session.info.pop(_PENDING, None)
+        if jobs:
+            try:
+                notify(jobs)
+            except Exception:
+                log.exception("webhook dispatch not published; the relay will pick it up")
+
+    def _after_rollback(session: Session) -> None:
+        session.info.pop(_PENDING, None)
+
+    event.listen(sessions, "after_commit", _after_commit)
+    event.listen(sessions, "after_rollback", _after_rollback)
