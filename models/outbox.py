@@ -14,42 +14,50 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import DateTime, Uuid, event
+from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.types import TypeDecorator
 
+from models.base import utcnow
 from models.job import Job, JobEvent
 from models.webhook import WebhookMessage, any_registered_endpoint
 
 log = logging.getLogger("genqueue.webhooks")
 
 _PENDING = "genqueue.outbox.pending"  # session.info key: jobs with messages in this transaction
-_COLUMNS = Job.__table__.columns
+# (attribute, column type), TypeDecorators unwrapped to the type they store as.
+_ATTRS = [
+    (a.key, t.impl if isinstance(t, TypeDecorator) else t)
+    for a in sa_inspect(Job).column_attrs
+    for t in [a.columns[0].type]
+]
 
 
 def snapshot(job: Job) -> dict[str, Any]:
     """The job row as plain JSON values (datetimes ISO 8601, UUIDs as strings)."""
     out: dict[str, Any] = {}
-    for col in _COLUMNS:
-        value = getattr(job, col.key)
+    for key, _ in _ATTRS:
+        value = getattr(job, key)
         if isinstance(value, datetime):
             value = value.isoformat()
         elif isinstance(value, uuid.UUID):
             value = str(value)
-        out[col.key] = value
+        out[key] = value
     return out
 
 
 def job_from_snapshot(data: dict[str, Any]) -> Job:
     """A transient Job equal to the snapshotted row, for models.resource.job_resource."""
     values: dict[str, Any] = {}
-    for col in _COLUMNS:
-        if col.key not in data:
+    for key, type_ in _ATTRS:
+        if key not in data:
             continue  # a column added after the snapshot was taken keeps its default
-        value = data[col.key]
-        if value is not None and isinstance(col.type, DateTime):
+        value = data[key]
+        if value is not None and isinstance(type_, DateTime):
             value = datetime.fromisoformat(value)
-        elif value is not None and isinstance(col.type, Uuid):
+        elif value is not None and isinstance(type_, Uuid):
             value = uuid.UUID(value)
-        values[col.key] = value
+        values[key] = value
     return Job(**values)
 
 
@@ -57,7 +65,9 @@ def record(session: Session, job: Job, ev: JobEvent) -> None:
     """Queue `ev` for webhooks if the job has its own webhook or any endpoint is registered."""
     if job.webhook is None and not any_registered_endpoint(session):
         return
-    session.add(WebhookMessage(event=ev, job_id=job.id, type=ev.type, snapshot=snapshot(job)))
+    stamp = ev.created_at or utcnow()  # the event's time is the payload's timestamp
+    message = WebhookMessage(event=ev, job_id=job.id, type=ev.type, snapshot=snapshot(job), created_at=stamp)
+    session.add(message)
     session.info.setdefault(_PENDING, set()).add(job.id)
 
 

@@ -9,6 +9,7 @@ or finish it twice. Callers commit; the event is in the same transaction (outbox
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import ColumnElement, and_, update
@@ -29,6 +30,7 @@ def _transition(
     from_status: str | None = None,
     event_data: dict[str, Any] | None = None,
     then: tuple[str, ...] = (),
+    event_at: datetime | None = None,
 ) -> bool:
     stmt = (
         update(Job)
@@ -50,6 +52,7 @@ def _transition(
             to_status=values.get("status"),
             stage=values.get("stage", job.stage),
             data=dict(event_data or {}),
+            created_at=event_at or utcnow(),
         )
         session.add(ev)
         outbox.record(session, job, ev)
@@ -113,17 +116,22 @@ def complete_text(
 
 
 def set_progress(
-    session: Session, job_id: uuid.UUID, stage: Stage, progress: int, *, event: bool = False
+    session: Session, job_id: uuid.UUID, stage: Stage, progress: int, *, event_at: datetime | None = None
 ) -> bool:
-    """Progress only moves forward, and only while the job is in that stage; `event`: log job.progress."""
+    """Progress only moves forward, and only while the job is in that stage.
+
+    With `event_at`, also log a job.progress event stamped with that time (the caller throttles
+    on the same clock, so the stamps of consecutive events are at least its interval apart).
+    """
     return _transition(
         session,
         job_id,
         and_(Job.status == JobStatus.RUNNING, Job.stage == stage, Job.progress < progress),
         {"progress": progress},
-        "job.progress" if event else None,
+        "job.progress" if event_at else None,
         from_status=JobStatus.RUNNING,
         event_data={"progress": progress},
+        event_at=event_at,
     )
 
 

@@ -8,6 +8,7 @@ import uuid
 from sqlalchemy import select
 
 from models import Job, JobStatus, Stage, states
+from models.base import utcnow
 from models.db import transaction
 from tasks.runtime import Runtime
 
@@ -25,7 +26,7 @@ class JobWatch:
         self._last_check = 0.0
         # job.progress events (webhooks) are rarer than progress writes; starting the clock at
         # stage entry keeps them apart across stages and redeliveries too.
-        self._last_event = time.monotonic()
+        self._last_event = utcnow()
         self._canceled = False
 
     def on_step(self, _index: int, step: int, total: int) -> None:
@@ -34,11 +35,12 @@ class JobWatch:
             return
         self._last_progress = now
         progress = self.lo + (self.hi - self.lo) * step // max(total, 1)
-        event = now - self._last_event >= self.rt.settings.webhook_progress_interval_s
+        at = utcnow()
+        due = (at - self._last_event).total_seconds() >= self.rt.settings.webhook_progress_interval_s
         with transaction(self.rt.sessions) as s:
-            moved = states.set_progress(s, self.job_id, self.stage, progress, event=event)
-        if moved and event:
-            self._last_event = now
+            moved = states.set_progress(s, self.job_id, self.stage, progress, event_at=at if due else None)
+        if moved and due:
+            self._last_event = at
 
     def canceled(self) -> bool:
         """True once the job left the running state (canceled by the client, or failed)."""

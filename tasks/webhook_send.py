@@ -19,6 +19,7 @@ from tasks import ssrf
 
 USER_AGENT = "Genqueue-Webhooks/1"
 EXCERPT_CHARS = 512
+RETRY_AFTER_MAX_S = 24 * 3600
 
 
 class Verdict(StrEnum):
@@ -89,13 +90,13 @@ def next_delay(schedule: list[float], step: int, retry_after_s: float | None) ->
     """Seconds until retry number `step + 1`, or None when the schedule is used up.
 
     Jitter (+-20%) spreads retries of many deliveries that failed together; Retry-After
-    can push a retry later, never earlier, up to the schedule's longest delay.
+    can push a retry later, never earlier, by up to a day.
     """
     if step >= len(schedule):
         return None
     delay = schedule[step] * random.uniform(0.8, 1.2)
     if retry_after_s is not None:
-        delay = max(delay, min(retry_after_s, max(schedule)))
+        delay = max(delay, min(retry_after_s, RETRY_AFTER_MAX_S))
     return delay
 
 
