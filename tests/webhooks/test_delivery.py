@@ -6,87 +6,13 @@ import itertools
 import time
 import uuid
 from datetime import datetime
-from typing import Any
 
 import pytest
 from sqlalchemy import select
 from werkzeug import Response
 
 from models.webhook import WebhookDelivery, WebhookEndpoint
-from tests.webhook_receiver import Receiver, hook_settings, serve
-
-TERMINAL = {"succeeded", "failed", "canceled"}
-
-
-@pytest.fixture
-def receiver(httpserver):
-    with serve(httpserver) as rec:
-        yield rec
-
-
-@pytest.fixture
-def overrides() -> dict[str, Any]:
-    return {}  # a test parametrizes this to change webhook settings
-
-
-@pytest.fixture
-def hooks(settings, overrides):
-    return hook_settings(settings, **overrides)
-
-
-@pytest.fixture
-def hook_client(hooks, sessions, broker):
-    from app import create_app
-
-    flask_app = create_app(hooks)
-    flask_app.testing = True
-    yield flask_app.test_client()
-    flask_app.extensions["genqueue"].engine.dispose()
-
-
-@pytest.fixture
-def hook_worker(hooks, sessions, broker):
-    """A real worker (threads pool) on every queue, webhooks included, with the webhook settings."""
-    from celery.contrib.testing.worker import start_worker
-
-    import tasks.pipeline
-    import tasks.webhooks  # noqa: F401
-    from tasks.celery_app import create_celery
-
-    app = create_celery(hooks, set_as_current=False)
-    with start_worker(
-        app, pool="threads", concurrency=4, perform_ping_check=False, shutdown_timeout=30, loglevel="WARNING"
-    ):
-        yield app
-
-
-def submit(client, receiver: Receiver | None = None, events: list[str] | None = None, **body: Any) -> str:
-    payload: dict[str, Any] = {"prompt": "a fox", "modality": "text", **body}
-    if receiver is not None:
-        payload["webhook"] = {"url": receiver.url} | ({"events": events} if events else {})
-    resp = client.post("/v1/jobs", json=payload)
-    assert resp.status_code == 202, resp.get_json()
-    return resp.get_json()["id"]
-
-
-def wait_job(client, job_id: str, timeout: float = 30) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job = client.get(f"/v1/jobs/{job_id}").get_json()
-        if job["status"] in TERMINAL:
-            return job
-        time.sleep(0.05)
-    raise AssertionError(f"job {job_id} did not finish")
-
-
-def deliveries(client, job_id: str) -> list[dict[str, Any]]:
-    resp = client.get(f"/v1/jobs/{job_id}/webhook-deliveries")
-    assert resp.status_code == 200
-    return resp.get_json()["data"]
-
-
-def secret(client) -> str:
-    return client.get("/v1/webhooks/secret").get_json()["secret"]
+from tests.webhooks.helpers import deliveries, secret, submit, wait_job
 
 
 def test_terminal_event_is_signed_and_carries_the_job_resource(hook_client, hook_worker, receiver):

@@ -1,4 +1,4 @@
-"""Test helpers for webhooks: a recording receiver on pytest-httpserver and the fixtures around it."""
+"""Webhook test helpers: a recording receiver on pytest-httpserver, API shortcuts, test settings."""
 
 from __future__ import annotations
 
@@ -87,3 +87,45 @@ def hook_settings(settings: Settings, **overrides: Any) -> Settings:
         "webhook_timeout_s": 2.0,
     }
     return settings.model_copy(update=values | overrides)
+
+
+TERMINAL = {"succeeded", "failed", "canceled"}
+
+
+def submit(
+    client,
+    receiver: Receiver | None = None,
+    events: list[str] | None = None,
+    url: str | None = None,
+    **body: Any,
+) -> str:
+    """POST a job (text unless told otherwise) with a webhook to `receiver` (or `url`); its id."""
+    payload: dict[str, Any] = {"prompt": "a fox", "modality": "text", **body}
+    if receiver is not None or url is not None:
+        target = url or receiver.url  # type: ignore[union-attr]
+        payload["webhook"] = {"url": target} | ({"events": events} if events else {})
+    resp = client.post("/v1/jobs", json=payload)
+    assert resp.status_code == 202, resp.get_json()
+    return resp.get_json()["id"]
+
+
+def wait_job(client, job_id: str, timeout: float = 30) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = client.get(f"/v1/jobs/{job_id}").get_json()
+        if job["status"] in TERMINAL:
+            return job
+        time.sleep(0.05)
+    raise AssertionError(f"job {job_id} did not finish")
+
+
+def deliveries(client, job_id: str) -> list[dict[str, Any]]:
+    resp = client.get(f"/v1/jobs/{job_id}/webhook-deliveries")
+    assert resp.status_code == 200
+    return resp.get_json()["data"]
+
+
+def secret(client) -> str:
+    return client.get("/v1/webhooks/secret").get_json()["secret"]
+
+
