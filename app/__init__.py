@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from models.db import make_engine, make_session_factory
 from models.settings import Settings
+from tasks import webhook_dispatch
 from tasks.celery_app import create_celery  # publishing only: never tasks.pipeline or torch
 
 EXTENSION = "genqueue"
@@ -52,7 +53,7 @@ def create_app(
 ) -> Flask:
     """Build the API. Connections to Postgres and the broker open lazily, on first use."""
     # Imported here, not at the top: these modules import `services` from this package.
-    from app import errors, health, jobs, metrics, openapi
+    from app import errors, health, jobs, metrics, openapi, webhooks
 
     settings, flask_conf = _settings(config)
     app = Flask(__name__)
@@ -83,4 +84,6 @@ def create_app(
     app.register_blueprint(jobs.bp)
     app.register_blueprint(health.bp)
     app.register_blueprint(openapi.bp)
+    app.register_blueprint(webhooks.bp)
+    webhook_dispatch.install(app.extensions[EXTENSION].sessions, app.extensions[EXTENSION].celery)
     return app

@@ -118,6 +118,7 @@ def submit() -> tuple[Response, int, dict[str, str]]:
         params=complete_params(req, svc.settings),
         priority=req.priority or "normal",
         meta=req.metadata or {},
+        webhook=req.webhook.model_dump(exclude_none=True) if req.webhook else None,
         progress=0,
         attempts=0,
     )

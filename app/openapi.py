@@ -8,6 +8,7 @@ from typing import Any, Literal
 from flask import Blueprint, Response, current_app, jsonify
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
+from app import webhooks_openapi
 from app.schemas import ListQuery, job_create_adapter
 
 bp = Blueprint("openapi", __name__)
@@ -103,8 +104,8 @@ def _problems(*codes: int) -> dict[str, Any]:
 
 _REASONS = {
     400: "Unparseable JSON body",
-    404: "No such job",
-    409: "Conflicting job state",
+    404: "No such job (or other resource)",
+    409: "Conflicting state",
     413: "Body too large",
     415: "Body is not JSON",
     422: "Validation failed",
@@ -133,6 +134,8 @@ def _schemas() -> dict[str, Any]:
     named: list[tuple[str, Any, Literal["validation", "serialization"]]] = [
         ("JobCreate", job_create_adapter, "validation"),
         *[(m.__name__, TypeAdapter(m), "serialization") for m in (Job, JobList, Problem, Health, Ready)],
+        *[(m.__name__, TypeAdapter(m), "validation") for m in webhooks_openapi.REQUESTS],
+        *[(m.__name__, TypeAdapter(m), "serialization") for m in webhooks_openapi.MODELS],
     ]
     for name, adapter, mode in named:
         schema = adapter.json_schema(ref_template=REF, mode=mode)
@@ -180,7 +183,7 @@ def _paths() -> dict[str, Any]:
         },
     )
     submit["requestBody"] = {"required": True, "content": {"application/json": {"schema": _ref("JobCreate")}}}
-    return {
+    return webhooks_openapi.paths() | {
         "/v1/jobs": {
             "post": submit,
             "get": _op(

@@ -24,6 +24,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from app.webhook_schemas import WebhookSubscription
 from models.settings import Settings
 
 SEED_MAX = 2**32 - 1
@@ -73,6 +74,7 @@ class JobCreateBase(Strict):
     prompt: str = Field(min_length=1, json_schema_extra={"maxLength": PROMPT_MAX_CHARS})
     priority: Literal["high", "normal", "low"] | None = "normal"
     metadata: dict[MetaKey, MetaValue] | None = Field(None, max_length=METADATA_MAX_KEYS)
+    webhook: WebhookSubscription | None = None
 
     @field_validator("prompt")
     @classmethod

@@ -1,5 +1,6 @@
 """Genqueue data layer: typed ORM, job state machine, public job resource (no Flask, Celery, torch)."""
 
+from models import webhook as _webhook  # noqa: F401  registers the webhook tables
 from models.base import Base
 from models.job import Job, JobEvent, JobStatus, Modality, Priority, Stage
 

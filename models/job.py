@@ -53,6 +53,7 @@ class Job(Base):
     priority: Mapped[str] = mapped_column(String(8), default=Priority.NORMAL)
     progress: Mapped[int] = mapped_column(Integer, default=0)
     meta: Mapped[dict[str, Any]] = mapped_column("metadata", JSONType, default=dict)
+    webhook: Mapped[dict[str, Any] | None] = mapped_column(JSONType)  # {url, events}: see models.webhook
 
     output_text: Mapped[str | None] = mapped_column(Text)
     artifact_path: Mapped[str | None] = mapped_column(String(1024))

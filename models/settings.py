@@ -41,6 +41,16 @@ class Settings(BaseSettings):
     retry_backoff_max_s: float = 300.0
     progress_interval_s: float = 0.5
 
+    # Webhooks (docs/WEBHOOKS.md). Private targets are for development and tests only.
+    webhook_allow_private: bool = False
+    webhook_timeout_s: float = 10.0
+    webhook_retry_schedule_s: list[float] = [5, 300, 1800, 7200, 18000, 36000, 86400]
+    webhook_max_response_bytes: int = 4096
+    webhook_progress_interval_s: float = 2.0
+    webhook_secret_grace_s: float = 24 * 3600
+    webhook_relay_interval_s: float = 10.0
+    webhook_relay_grace_s: float = 30.0  # how overdue work must be before the relay steps in
+
     max_body_bytes: int = 64 * 1024
     prompt_max_chars: int = 4000
     default_width: int = 256

@@ -9,11 +9,13 @@ or finish it twice. Callers commit; the event is in the same transaction (outbox
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import ColumnElement, and_, update
 from sqlalchemy.orm import Session
 
+from models import outbox
 from models.base import utcnow
 from models.job import ACTIVE, Job, JobEvent, JobStatus, Stage
 
@@ -27,6 +29,8 @@ def _transition(
     *,
     from_status: str | None = None,
     event_data: dict[str, Any] | None = None,
+    then: tuple[str, ...] = (),
+    event_at: datetime | None = None,
 ) -> bool:
     stmt = (
         update(Job)
@@ -34,19 +38,24 @@ def _transition(
         .values(updated_at=utcnow(), **values)
         .execution_options(synchronize_session=False)
     )
-    if session.execute(stmt).rowcount != 1:  # type: ignore[attr-defined]
+    if not event:
+        return session.execute(stmt).rowcount == 1  # type: ignore[attr-defined]
+    # RETURNING the row gives the webhook outbox its snapshot without another round trip.
+    job = session.execute(stmt.returning(Job).execution_options(populate_existing=True)).scalar()
+    if job is None:
         return False
-    if event:
-        session.add(
-            JobEvent(
-                job_id=job_id,
-                type=event,
-                from_status=from_status,
-                to_status=values.get("status"),
-                stage=values.get("stage"),
-                data=event_data or {},
-            )
+    for name in (event, *then):
+        ev = JobEvent(
+            job_id=job_id,
+            type=name,
+            from_status=from_status,
+            to_status=values.get("status"),
+            stage=values.get("stage", job.stage),
+            data=dict(event_data or {}),
+            created_at=event_at or utcnow(),
         )
+        session.add(ev)
+        outbox.record(session, job, ev)
     return True
 
 
@@ -93,30 +102,36 @@ def complete_text(
     where = and_(Job.status == JobStatus.RUNNING, Job.stage == Stage.TEXT)
     if final:
         values |= {"status": JobStatus.SUCCEEDED, "progress": 100, "completed_at": now}
-        if not _transition(session, job_id, where, values, "job.text.completed"):
-            return False
-        session.add(
-            JobEvent(
-                job_id=job_id,
-                type="job.succeeded",
-                from_status=JobStatus.RUNNING,
-                to_status=JobStatus.SUCCEEDED,
-                stage=Stage.TEXT,
-            )
+        return _transition(
+            session,
+            job_id,
+            where,
+            values,
+            "job.text.completed",
+            from_status=JobStatus.RUNNING,
+            then=("job.succeeded",),
         )
-        return True
     values |= {"stage": Stage.VIDEO, "progress": progress, "attempts": 0}
     return _transition(session, job_id, where, values, "job.text.completed", from_status=JobStatus.RUNNING)
 
 
-def set_progress(session: Session, job_id: uuid.UUID, stage: Stage, progress: int) -> bool:
-    """Progress only moves forward, and only while the job is in that stage."""
+def set_progress(
+    session: Session, job_id: uuid.UUID, stage: Stage, progress: int, *, event_at: datetime | None = None
+) -> bool:
+    """Progress only moves forward, and only while the job is in that stage.
+
+    With `event_at`, also log a job.progress event stamped with that time (the caller throttles
+    on the same clock, so the stamps of consecutive events are at least its interval apart).
+    """
     return _transition(
         session,
         job_id,
         and_(Job.status == JobStatus.RUNNING, Job.stage == stage, Job.progress < progress),
         {"progress": progress},
-        None,
+        "job.progress" if event_at else None,
+        from_status=JobStatus.RUNNING,
+        event_data={"progress": progress},
+        event_at=event_at,
     )
 
 

@@ -8,6 +8,7 @@ from kombu import Queue
 
 from models.settings import Settings
 from tasks import names
+from tasks.webhook_dispatch import beat_schedule as webhook_beat_schedule
 
 # Job priority -> broker priority. Redis sorts 0 first; RabbitMQ delivers higher numbers first.
 REDIS_PRIORITY = {"high": 0, "normal": 3, "low": 6}
@@ -61,6 +62,7 @@ def celery_config(s: Settings) -> dict[str, Any]:
             names.GENERATE_VIDEO: {"queue": names.VIDEO_QUEUE},
             names.COMPENSATE: {"queue": names.DEFAULT_QUEUE},
             names.DELIVER_WEBHOOK: {"queue": names.WEBHOOKS_QUEUE},
+            names.RELAY_WEBHOOKS: {"queue": names.WEBHOOKS_QUEUE},
             names.REAP_STUCK_JOBS: {"queue": names.DEFAULT_QUEUE},
             names.EXPIRE_ARTIFACTS: {"queue": names.DEFAULT_QUEUE},
         },
@@ -81,5 +83,6 @@ def celery_config(s: Settings) -> dict[str, Any]:
         "worker_send_task_events": True,  # Flower
         "task_send_sent_event": True,
         "worker_hijack_root_logger": False,
-        "include": ["tasks.pipeline"],
+        "include": ["tasks.pipeline", "tasks.webhooks"],
+        "beat_schedule": {**webhook_beat_schedule(s)},
     }

@@ -14,6 +14,7 @@ GENERATE_TEXT = "genqueue.generate_text"
 GENERATE_VIDEO = "genqueue.generate_video"
 COMPENSATE = "genqueue.compensate"
 DELIVER_WEBHOOK = "genqueue.deliver_webhook"
+RELAY_WEBHOOKS = "genqueue.relay_webhooks"
 REAP_STUCK_JOBS = "genqueue.reap_stuck_jobs"
 EXPIRE_ARTIFACTS = "genqueue.expire_artifacts"
 

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from models.db import make_engine, make_session_factory
 from models.settings import Settings
+from tasks import webhook_dispatch
 
 
 @dataclass
@@ -45,5 +46,6 @@ def runtime(app: Celery) -> Runtime:
                 connect_timeout=settings.db_connect_timeout_s,
             )
             rt = Runtime(settings, engine, make_session_factory(engine), os.getpid())
+            webhook_dispatch.install(rt.sessions, app)  # transitions wake the webhook dispatcher
             _runtimes[key] = rt
         return rt

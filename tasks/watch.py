@@ -8,6 +8,7 @@ import uuid
 from sqlalchemy import select
 
 from models import Job, JobStatus, Stage, states
+from models.base import utcnow
 from models.db import transaction
 from tasks.runtime import Runtime
 
@@ -23,6 +24,9 @@ class JobWatch:
         self.interval = rt.settings.progress_interval_s
         self._last_progress = 0.0
         self._last_check = 0.0
+        # job.progress events (webhooks) are rarer than progress writes; starting the clock at
+        # stage entry keeps them apart across stages and redeliveries too.
+        self._last_event = utcnow()
         self._canceled = False
 
     def on_step(self, _index: int, step: int, total: int) -> None:
@@ -31,8 +35,12 @@ class JobWatch:
             return
         self._last_progress = now
         progress = self.lo + (self.hi - self.lo) * step // max(total, 1)
+        at = utcnow()
+        due = (at - self._last_event).total_seconds() >= self.rt.settings.webhook_progress_interval_s
         with transaction(self.rt.sessions) as s:
-            states.set_progress(s, self.job_id, self.stage, progress)
+            moved = states.set_progress(s, self.job_id, self.stage, progress, event_at=at if due else None)
+        if moved and due:
+            self._last_event = at
 
     def canceled(self) -> bool:
         """True once the job left the running state (canceled by the client, or failed)."""

@@ -1,0 +1,207 @@
+"""Webhook endpoints of the API: registered endpoints, the signing secret, a job's delivery log, replays."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import datetime
+from typing import Any
+
+from flask import Blueprint, Response, jsonify
+from pydantic import ValidationError
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+
+from app import services
+from app.errors import UNAVAILABLE, Conflict, NotFound, ValidationFailed
+from app.jobs import _json_body, _load
+from app.schemas import field_errors
+from app.webhook_schemas import EndpointCreate
+from models.base import utcnow
+from models.db import transaction
+from models.webhook import (
+    ALL_EVENTS,
+    TERMINAL_EVENTS,
+    DeliveryStatus,
+    WebhookDelivery,
+    WebhookEndpoint,
+    current_secret,
+    job_deliveries,
+    requeue,
+    rotate_secret,
+    signing_secrets,
+)
+from tasks.webhook_dispatch import publish_dispatch
+
+log = logging.getLogger("genqueue.api")
+bp = Blueprint("webhooks", __name__, url_prefix="/v1")
+NO_STORE = {"Cache-Control": "no-store"}
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat().replace("+00:00", "Z") if value else None
+
+
+def endpoint_resource(ep: WebhookEndpoint) -> dict[str, Any]:
+    default = TERMINAL_EVENTS if ep.job_id is not None else ALL_EVENTS
+    return {
+        "id": str(ep.id),
+        "object": "webhook_endpoint",
+        "url": ep.url,
+        "events": list(ep.events or default),
+        "description": ep.description,
+        "job_id": str(ep.job_id) if ep.job_id else None,
+        "created_at": _iso(ep.created_at),
+        "disabled_at": _iso(ep.disabled_at),
+        "disabled_reason": ep.disabled_reason,
+    }
+
+
+def delivery_resource(d: WebhookDelivery) -> dict[str, Any]:
+    return {
+        "id": str(d.id),
+        "object": "webhook_delivery",
+        "job_id": str(d.job_id),
+        "event_type": d.event_type,
+        "webhook_id": d.message.webhook_id,
+        "endpoint": {"id": str(d.endpoint_id), "url": d.endpoint.url},
+        "status": d.status,
+        "attempts": d.attempts,
+        "next_attempt_at": _iso(d.next_attempt_at),
+        "last_status_code": d.last_status_code,
+        "last_error": d.last_error,
+        "created_at": _iso(d.created_at),
+        "delivered_at": _iso(d.delivered_at),
+        "attempt_log": [
+            {
+                "number": a.number,
+                "started_at": _iso(a.started_at),
+                "duration_ms": a.duration_ms,
+                "status_code": a.status_code,
+                "error": a.error,
+                "response_excerpt": a.response_excerpt,
+                "next_attempt_at": _iso(a.next_attempt_at),
+            }
+            for a in d.log
+        ],
+    }
+
+
+def _uuid(raw: str, what: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(raw)
+    except ValueError:
+        raise NotFound(f"No {what} with id {raw!r}.") from None
+
+
+@bp.post("/webhooks")
+def create_endpoint() -> tuple[Response, int, dict[str, str]]:
+    svc = services()
+    body = _json_body()
+    try:
+        req = EndpointCreate.model_validate(body, context={"settings": svc.settings})
+    except ValidationError as exc:
+        raise ValidationFailed("The webhook endpoint is invalid.", errors=field_errors(exc, body)) from None
+    ep = WebhookEndpoint(id=uuid.uuid4(), url=req.url, events=req.events, description=req.description)
+    with transaction(svc.sessions) as s:
+        s.add(ep)
+    return jsonify(endpoint_resource(ep)), 201, {"Location": f"/v1/webhooks/{ep.id}"}
+
+
+def _registered() -> Any:
+    # Registered endpoints only: a job's own webhook is managed through the job.
+    return select(WebhookEndpoint).where(
+        WebhookEndpoint.job_id.is_(None),
+        (WebhookEndpoint.disabled_reason.is_(None)) | (WebhookEndpoint.disabled_reason != "deleted"),
+    )
+
+
+@bp.get("/webhooks")
+def list_endpoints() -> Response:
+    with services().sessions() as s:
+        rows = s.scalars(_registered().order_by(WebhookEndpoint.created_at)).all()
+        return jsonify({"data": [endpoint_resource(ep) for ep in rows]})
+
+
+@bp.delete("/webhooks/<endpoint_id>")
+def delete_endpoint(endpoint_id: str) -> tuple[str, int]:
+    """Soft delete: the endpoint stops receiving, its delivery log stays readable."""
+    eid = _uuid(endpoint_id, "webhook endpoint")
+    with transaction(services().sessions) as s:
+        ep = s.scalars(_registered().where(WebhookEndpoint.id == eid)).first()
+        if ep is None:
+            raise NotFound(f"No webhook endpoint with id {endpoint_id!r}.")
+        now = utcnow()
+        ep.disabled_at, ep.disabled_reason = ep.disabled_at or now, "deleted"
+        for d in s.scalars(
+            select(WebhookDelivery).where(
+                WebhookDelivery.endpoint_id == eid, WebhookDelivery.status == DeliveryStatus.PENDING
+            )
+        ):
+            d.status, d.next_attempt_at, d.last_error = DeliveryStatus.DISABLED, None, "endpoint deleted"
+    return "", 204
+
+
+def _secret_resource(s: Any) -> dict[str, Any]:
+    cur = current_secret(s)
+    previous = [x for x in signing_secrets(s) if x != cur.secret]
+    return {
+        "object": "webhook_secret",
+        "secret": cur.secret,
+        "created_at": _iso(cur.created_at),
+        "previous_secret_active": bool(previous),
+    }
+
+
+@bp.get("/webhooks/secret")
+def get_secret() -> tuple[Response, int, dict[str, str]]:
+    with transaction(services().sessions) as s:  # a transaction: the first read creates it
+        body = _secret_resource(s)
+    return jsonify(body), 200, NO_STORE
+
+
+@bp.post("/webhooks/secret/rotate")
+def rotate() -> tuple[Response, int, dict[str, str]]:
+    """A new secret signs from now on; the old one also signs until the grace period ends."""
+    svc = services()
+    try:
+        with transaction(svc.sessions) as s:
+            _, old = rotate_secret(s, svc.settings.webhook_secret_grace_s)
+            body = _secret_resource(s) | {"previous_expires_at": _iso(old.expires_at)}
+    except IntegrityError:
+        raise Conflict("Another rotation happened at the same time; read the secret again.") from None
+    return jsonify(body), 200, NO_STORE
+
+
+@bp.get("/jobs/<job_id>/webhook-deliveries")
+def list_deliveries(job_id: str) -> Response:
+    with services().sessions() as s:
+        job = _load(s, job_id)
+        return jsonify({"data": [delivery_resource(d) for d in job_deliveries(s, job.id)]})
+
+
+@bp.post("/webhook-deliveries/<delivery_id>/redeliver")
+def redeliver(delivery_id: str) -> tuple[Response, int]:
+    """Replay one delivery (same webhook-id, so receivers can tell it is a replay)."""
+    svc = services()
+    did = _uuid(delivery_id, "webhook delivery")
+    with transaction(svc.sessions) as s:
+        d = s.get(WebhookDelivery, did)
+        if d is None:
+            raise NotFound(f"No webhook delivery with id {delivery_id!r}.")
+        if d.endpoint.disabled_at is not None:
+            raise Conflict(
+                f"The endpoint is disabled ({d.endpoint.disabled_reason}); nothing was sent.",
+                extra={"endpoint_id": str(d.endpoint_id)},
+            )
+        requeue(d)
+        job_id = d.job_id
+    try:
+        publish_dispatch(svc.celery, [job_id])
+    except UNAVAILABLE as exc:
+        log.warning("redelivery of %s queued; dispatch not published (the relay will send it): %s", did, exc)
+    with svc.sessions() as s:
+        found = [x for x in job_deliveries(s, job_id) if x.id == did]
+        if not found:
+            raise NotFound(f"No webhook delivery with id {delivery_id!r}.")
+        return jsonify(delivery_resource(found[0])), 202

@@ -1,0 +1,143 @@
+"""The webhook part of /openapi.json: response models and the operations of app.webhooks."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.webhook_schemas import EndpointCreate, EventType
+
+
+class _Doc(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class WebhookEndpoint(_Doc):
+    id: str
+    object: Literal["webhook_endpoint"]
+    url: str
+    events: list[EventType]
+    description: str | None
+    job_id: str | None = Field(description="Set for a job's own webhook; null for registered endpoints.")
+    created_at: str
+    disabled_at: str | None
+    disabled_reason: str | None = Field(description="`gone` after a 410 response, `deleted`.")
+
+
+class WebhookEndpointList(_Doc):
+    data: list[WebhookEndpoint]
+
+
+class WebhookSecret(_Doc):
+    object: Literal["webhook_secret"]
+    secret: str = Field(description="`whsec_<base64>`: verify signatures with any Standard Webhooks library.")
+    created_at: str
+    previous_secret_active: bool = Field(description="The previous secret still signs (rotation grace).")
+    previous_expires_at: str | None = Field(None, description="Rotation only: when the old secret stops.")
+
+
+class WebhookAttempt(_Doc):
+    number: int
+    started_at: str
+    duration_ms: int
+    status_code: int | None
+    error: str | None
+    response_excerpt: str | None
+    next_attempt_at: str | None
+
+
+class WebhookEndpointRef(_Doc):
+    id: str
+    url: str
+
+
+class WebhookDelivery(_Doc):
+    id: str
+    object: Literal["webhook_delivery"]
+    job_id: str
+    event_type: EventType
+    webhook_id: str = Field(description="The `webhook-id` header: the same on every attempt and replay.")
+    endpoint: WebhookEndpointRef
+    status: Literal["pending", "delivered", "failed", "disabled"]
+    attempts: int
+    next_attempt_at: str | None
+    last_status_code: int | None
+    last_error: str | None
+    created_at: str
+    delivered_at: str | None
+    attempt_log: list[WebhookAttempt]
+
+
+class WebhookDeliveryList(_Doc):
+    data: list[WebhookDelivery]
+
+
+MODELS: list[type[BaseModel]] = [
+    WebhookEndpoint,
+    WebhookEndpointList,
+    WebhookSecret,
+    WebhookDelivery,
+    WebhookDeliveryList,
+]
+REQUESTS: list[type[BaseModel]] = [EndpointCreate]
+
+
+def paths() -> dict[str, Any]:
+    from app.openapi import _json, _op, _param, _problems, _ref  # the document's own helpers
+
+    job_id = _param("job_id", "path", {"type": "string", "format": "uuid"})
+    endpoint_id = _param("endpoint_id", "path", {"type": "string", "format": "uuid"})
+    delivery_id = _param("delivery_id", "path", {"type": "string", "format": "uuid"})
+    create = _op(
+        "createWebhookEndpoint",
+        "Register an endpoint for every job's events",
+        {
+            "201": _json("WebhookEndpoint", "Registered", {"Location": {"schema": {"type": "string"}}}),
+            **_problems(400, 413, 415, 422),
+        },
+    )
+    create["requestBody"] = {
+        "required": True,
+        "content": {"application/json": {"schema": _ref("EndpointCreate")}},
+    }
+    return {
+        "/v1/webhooks": {
+            "post": create,
+            "get": _op("listWebhookEndpoints", "List endpoints", {"200": _json("WebhookEndpointList", "")}),
+        },
+        "/v1/webhooks/{endpoint_id}": {
+            "delete": _op(
+                "deleteWebhookEndpoint",
+                "Delete an endpoint",
+                {"204": {"description": "Deleted"}, **_problems(404)},
+                endpoint_id,
+            )
+        },
+        "/v1/webhooks/secret": {
+            "get": _op("getWebhookSecret", "The signing secret", {"200": _json("WebhookSecret", "")})
+        },
+        "/v1/webhooks/secret/rotate": {
+            "post": _op(
+                "rotateWebhookSecret",
+                "Rotate the signing secret (both sign during the grace period)",
+                {"200": _json("WebhookSecret", "The new secret"), **_problems(409)},
+            )
+        },
+        "/v1/jobs/{job_id}/webhook-deliveries": {
+            "get": _op(
+                "listWebhookDeliveries",
+                "A job's webhook deliveries and every attempt",
+                {"200": _json("WebhookDeliveryList", ""), **_problems(404)},
+                job_id,
+            )
+        },
+        "/v1/webhook-deliveries/{delivery_id}/redeliver": {
+            "post": _op(
+                "redeliverWebhook",
+                "Send a delivery again",
+                {"202": _json("WebhookDelivery", "Queued"), **_problems(404, 409)},
+                delivery_id,
+            )
+        },
+    }
