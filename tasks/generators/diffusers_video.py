@@ -114,6 +114,9 @@ class DiffusersVideoGenerator:
 
         on_step(index, step, total) is called after every denoising step with step in 1..total.
         A cancel raises base.Canceled for the whole call; OOM raises base.OutOfMemory.
+        Each request keeps its own seed inside a batch. A batched result equals the single-request
+        one up to rounding in float32 (CPU); in bf16 on CUDA batched kernels round differently and
+        the frames can visibly differ, so reproducing a video exactly means the same batch shape.
         """
         if self.pipe is None:
             raise RuntimeError("load() must be called before generate()")
