@@ -70,7 +70,7 @@ def _set_headers(response: Response, limits: list[RequestLimit]) -> None:
     now = time.time()
     # The binding limit: a breached one, else the one with the fewest requests left.
     tightest = min(limits, key=lambda lim: (not lim.breached, lim.remaining))
-    reset = max(0, math.ceil(tightest.reset_at - now))
+    reset = max(0, math.ceil(tightest.window.reset_time - now))
     response.headers["RateLimit-Limit"] = str(tightest.limit.amount)
     response.headers["RateLimit-Remaining"] = str(max(0, tightest.remaining))
     response.headers["RateLimit-Reset"] = str(reset)
