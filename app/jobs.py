@@ -190,9 +190,9 @@ def _decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
 
 
 def _statuses(raw: str) -> list[str]:
-    values = [v.strip() for v in raw.split(",") if v.strip()]
+    values = raw.split(",")  # exactly as documented: no blanks, no spaces
     allowed = [s.value for s in JobStatus]
-    if not values or any(v not in allowed for v in values):
+    if any(v not in allowed for v in values):
         message = f"must be one or more of: {', '.join(allowed)}"
         raise ValidationFailed(errors=[{"field": "status", "message": message}])
     return values

@@ -32,7 +32,9 @@ def init_app(app: Flask, settings: Settings) -> Limiter:
     """Attach the limiter; app.auth must be registered first (its hook sets the principal)."""
 
     def rate_for_request() -> str:
-        return Plan.effective(settings, g.principal.plan_overrides).rate_limit
+        # flask-limiter resolves the limit before it asks whether the request is exempt.
+        principal = g.get("principal")
+        return Plan.effective(settings, principal.plan_overrides if principal else None).rate_limit
 
     uri = settings.ratelimit_storage_uri
     options = {"socket_timeout": 1, "socket_connect_timeout": 1} if uri.startswith("redis") else {}
