@@ -14,7 +14,7 @@ import logging
 import math
 import time
 
-from flask import Flask, Response, g
+from flask import Flask, Response, g, request
 from flask_limiter import Limiter, RequestLimit
 
 from models.plans import Plan
@@ -25,7 +25,8 @@ EXTENSION = "genqueue.limiter"
 
 
 def _key() -> str:
-    return f"key:{g.principal.key_prefix}"
+    principal = g.get("principal")  # absent only on exempt requests, which are never counted
+    return f"key:{principal.key_prefix}" if principal else f"addr:{request.remote_addr}"
 
 
 def init_app(app: Flask, settings: Settings) -> Limiter:

@@ -278,3 +278,16 @@ def test_backlog_is_measured_once_per_interval(make_app, sessions, monkeypatch):
     for _ in range(5):
         assert submit(client).status_code == 202
     assert len(calls) == 1
+
+
+def test_limiter_runs_cleanly_for_every_kind_of_request(client, anon_client, caplog):
+    """The limiter swallows its own errors (fail open): make sure it has none to swallow."""
+    import logging
+
+    caplog.set_level(logging.DEBUG)
+    for c in (client, anon_client):
+        for path in ("/v1/health", "/v1/ready", "/v1/jobs", "/openapi.json", "/v1/nothing"):
+            c.get(path)
+    assert submit(client).status_code == 202
+    bad = [r for r in caplog.records if r.name == "flask-limiter" or r.levelno >= logging.WARNING]
+    assert not bad, [r.getMessage() for r in bad]
