@@ -12,6 +12,7 @@ from flask import Flask, current_app
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from models import redaction
 from models.db import make_engine, make_session_factory
 from models.settings import Settings
 from tasks import webhook_dispatch
@@ -53,9 +54,10 @@ def create_app(
 ) -> Flask:
     """Build the API. Connections to Postgres and the broker open lazily, on first use."""
     # Imported here, not at the top: these modules import `services` from this package.
-    from app import errors, health, jobs, metrics, openapi, webhooks
+    from app import admission, auth, errors, health, jobs, limits, metrics, openapi, webhooks
 
     settings, flask_conf = _settings(config)
+    redaction.install()
     app = Flask(__name__)
     app.config.update(flask_conf)
     # werkzeug caps every body read, chunked uploads included, but silently truncates a
@@ -81,6 +83,9 @@ def create_app(
 
     errors.register_error_handler(app)
     metrics.init_app(app)
+    auth.init_app(app)  # before the limiter: it keys its counters by the authenticated key
+    limits.init_app(app, settings)
+    admission.init_app(app, settings, app.extensions[EXTENSION].sessions)
     app.register_blueprint(jobs.bp)
     app.register_blueprint(health.bp)
     app.register_blueprint(openapi.bp)

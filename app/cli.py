@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from app.keys_cli import keys, tenants
 from models.settings import Settings
 
 DEFAULT_DATA_DIR = Path("var/embedded")
@@ -62,7 +63,7 @@ def demo(prompt: str, modality: str, data_dir: Path, params: tuple[str, ...]) ->
     """Run one job end to end in this process (SQLite, in-process broker, real models)."""
     _offline()
     from app import create_app
-    from tasks.embedded import embedded_settings, embedded_worker
+    from tasks.embedded import embedded_dev_key, embedded_settings, embedded_worker
 
     settings = embedded_settings(data_dir)
     job_params = {
@@ -72,6 +73,7 @@ def demo(prompt: str, modality: str, data_dir: Path, params: tuple[str, ...]) ->
     click.echo(f"Loading models ({settings.text_model}, {settings.video_model})...", err=True)
     with embedded_worker(settings):
         client = create_app(settings).test_client()
+        client.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {embedded_dev_key(settings)}"
         resp = client.post("/v1/jobs", json={"prompt": prompt, "modality": modality, "params": job_params})
         if resp.status_code != 202:
             raise click.ClickException(f"job rejected ({resp.status_code}): {resp.get_data(as_text=True)}")
@@ -102,7 +104,7 @@ def serve(embedded: bool, host: str, port: int, data_dir: Path) -> None:
     if not embedded:
         create_app(Settings()).run(host=host, port=port, threaded=True)
         return
-    from tasks.embedded import embedded_settings, embedded_worker
+    from tasks.embedded import embedded_dev_key, embedded_settings, embedded_worker
 
     settings = embedded_settings(data_dir)
     click.echo("Loading models...", err=True)
@@ -110,6 +112,7 @@ def serve(embedded: bool, host: str, port: int, data_dir: Path) -> None:
         click.echo(
             f"Genqueue (embedded) on http://{host}:{port}  data in {settings.artifact_dir.parent}", err=True
         )
+        click.echo(f"Development API key (Authorization: Bearer ...): {embedded_dev_key(settings)}", err=True)
         create_app(settings).run(host=host, port=port, threaded=True, use_reloader=False)
 
 
@@ -134,6 +137,9 @@ def workers(timeout: float) -> None:
     if not queues:
         raise click.ClickException("no worker answered")
 
+
+main.add_command(keys)
+main.add_command(tenants)
 
 if __name__ == "__main__":
     main()

@@ -69,6 +69,24 @@ class BadRequest(ApiError):
     status, title, slug = 400, "Bad Request", "malformed-request"
 
 
+class Unauthorized(ApiError):
+    status, title, slug = 401, "Unauthorized", "unauthorized"
+
+    def __init__(self, detail: str | None = None, *, error: str = "invalid_token", **kw: Any) -> None:
+        super().__init__(detail, **kw)
+        # RFC 6750: say which scheme to use (and, once a token was sent, that it was bad).
+        challenge = 'Bearer realm="genqueue"' + (f', error="{error}"' if error else "")
+        self.headers.setdefault("WWW-Authenticate", challenge)
+
+
+class Forbidden(ApiError):
+    status, title, slug = 403, "Forbidden", "forbidden"
+
+
+class PlanLimitExceeded(Forbidden):
+    slug = "plan-limit"
+
+
 class NotFound(ApiError):
     status, title, slug = 404, "Not Found", "not-found"
 
@@ -89,12 +107,29 @@ class ValidationFailed(ApiError):
     status, title, slug = 422, "Validation Failed", "validation-failed"
 
 
+class TooManyRequests(ApiError):
+    status, title, slug = 429, "Too Many Requests", "rate-limited"
+
+    def __init__(self, detail: str | None = None, *, retry_after: int | None = None, **kw: Any) -> None:
+        super().__init__(detail, **kw)
+        if retry_after is not None:
+            self.headers.setdefault("Retry-After", str(max(1, retry_after)))
+
+
+class QuotaExceeded(TooManyRequests):
+    slug = "concurrency-limit"
+
+
 class ServiceUnavailable(ApiError):
     status, title, slug = 503, "Service Unavailable", "service-unavailable"
 
     def __init__(self, detail: str | None = None, *, retry_after: int = RETRY_AFTER_S, **kw: Any) -> None:
         super().__init__(detail, **kw)
         self.headers.setdefault("Retry-After", str(retry_after))
+
+
+class Overloaded(ServiceUnavailable):
+    slug = "overloaded"
 
 
 def problem_response(err: ApiError) -> Response:
@@ -116,14 +151,19 @@ def _from_http(exc: HTTPException) -> ApiError:
     code = exc.code or 500
     mapped: dict[int, type[ApiError]] = {
         400: BadRequest,
+        401: Unauthorized,
+        403: Forbidden,
         404: NotFound,
         409: Conflict,
         413: PayloadTooLarge,
         415: UnsupportedMediaType,
+        429: TooManyRequests,  # flask-limiter's RateLimitExceeded; app.limits adds Retry-After
     }
     cls = mapped.get(code)
     # Keep headers such as Allow (405) or WWW-Authenticate; the body is ours.
     headers = {k: v for k, v in exc.get_headers() if k.lower() != "content-type"}
+    if code == 429:  # the limit that was hit, e.g. "100 per 1 second"
+        return TooManyRequests(f"Rate limit exceeded: {exc.description}.", headers=headers)
     if cls is not None:
         return cls(exc.description, headers=headers)
     err = ApiError(exc.description, headers=headers)

@@ -17,6 +17,8 @@ from sqlalchemy import case, delete, func, select, tuple_
 from sqlalchemy.orm import Session
 
 from app import services
+from app.admission import admission
+from app.auth import current_principal, owned
 from app.errors import (
     UNAVAILABLE,
     BadRequest,
@@ -49,7 +51,8 @@ def _job_id(raw: str) -> uuid.UUID:
 
 
 def _load(session: Session, raw_id: str) -> Job:
-    job = session.get(Job, _job_id(raw_id))
+    """The caller's job; another tenant's is as absent as a missing one (404, never 403)."""
+    job = session.scalar(owned(select(Job).where(Job.id == _job_id(raw_id))))
     if job is None:
         raise NotFound(f"No job with id {raw_id!r}.")
     return job
@@ -110,24 +113,33 @@ def submit() -> tuple[Response, int, dict[str, str]]:
         req = parse_job(body, svc.settings)
     except ValidationError as exc:
         raise ValidationFailed("The job is invalid.", errors=field_errors(exc, body)) from None
+    who, job_id, params = current_principal(), uuid.uuid4(), complete_params(req, svc.settings)
+    gate = admission()
+    gate.admit(who, job_id, req.modality, req.prompt, req.priority or "normal", params)  # 403/503/429
     job = Job(
-        id=uuid.uuid4(),
+        id=job_id,
+        tenant_id=who.tenant_id,
         status=JobStatus.QUEUED,
         modality=req.modality,
         prompt=req.prompt,
-        params=complete_params(req, svc.settings),
+        params=params,
         priority=req.priority or "normal",
         meta=req.metadata or {},
         webhook=req.webhook.model_dump(exclude_none=True) if req.webhook else None,
         progress=0,
         attempts=0,
     )
-    with transaction(svc.sessions) as s:  # committed before publishing: a worker must find the row
-        s.add(job)
+    try:
+        with transaction(svc.sessions) as s:  # committed before publishing: a worker must find the row
+            s.add(job)
+    except Exception:
+        gate.release(who, job_id)
+        raise
     try:
         publish_job(svc.celery, job.id, job.modality, job.priority)
     except Exception as exc:
         _discard(job.id)  # nothing may stay queued forever without a message
+        gate.release(who, job_id)
         if isinstance(exc, UNAVAILABLE):
             raise ServiceUnavailable("The job queue is unavailable; the job was not accepted.") from exc
         raise
@@ -179,9 +191,9 @@ def _decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
 
 
 def _statuses(raw: str) -> list[str]:
-    values = [v.strip() for v in raw.split(",") if v.strip()]
+    values = raw.split(",")  # exactly as documented: no blanks, no spaces
     allowed = [s.value for s in JobStatus]
-    if not values or any(v not in allowed for v in values):
+    if any(v not in allowed for v in values):
         message = f"must be one or more of: {', '.join(allowed)}"
         raise ValidationFailed(errors=[{"field": "status", "message": message}])
     return values
@@ -193,7 +205,7 @@ def list_jobs() -> Response:
         query = ListQuery.model_validate(request.args.to_dict())
     except ValidationError as exc:
         raise ValidationFailed(errors=field_errors(exc, None)) from None
-    stmt = select(Job).order_by(Job.created_at.desc(), Job.id.desc()).limit(query.limit + 1)
+    stmt = owned(select(Job)).order_by(Job.created_at.desc(), Job.id.desc()).limit(query.limit + 1)
     if query.status is not None:
         stmt = stmt.where(Job.status.in_(_statuses(query.status)))
     if query.cursor is not None:
@@ -211,9 +223,10 @@ def list_jobs() -> Response:
 def cancel_job(job_id: str) -> Response:
     svc = services()
     with transaction(svc.sessions) as s:
-        jid = _job_id(job_id)
+        job = _load(s, job_id)  # ownership first: another tenant's job is a 404
+        jid = job.id
         canceled = states.cancel(s, jid)
-        job = _load(s, job_id)
+        s.refresh(job)
         if not canceled and job.status != JobStatus.CANCELED:
             raise Conflict(
                 f"The job already {job.status}; it cannot be canceled.", extra={"job_status": job.status}

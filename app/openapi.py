@@ -104,14 +104,24 @@ def _problems(*codes: int) -> dict[str, Any]:
 
 _REASONS = {
     400: "Unparseable JSON body",
+    401: "Missing, invalid or revoked API key",
+    403: "Beyond the tenant's plan (the limits are named)",
     404: "No such job (or other resource)",
     409: "Conflicting state",
     413: "Body too large",
     415: "Body is not JSON",
     422: "Validation failed",
-    503: "Database or broker unavailable (see Retry-After)",
+    429: "Rate limit or concurrency quota exceeded (see Retry-After)",
+    503: "Database or broker unavailable, or the service is overloaded (see Retry-After)",
 }
 _RETRY_AFTER = {"Retry-After": {"schema": {"type": "integer"}, "description": "Seconds to wait."}}
+_INT = {"schema": {"type": "integer"}}
+_RATE_LIMIT = {
+    "RateLimit-Limit": _INT | {"description": "Requests allowed in the binding window."},
+    "RateLimit-Remaining": _INT | {"description": "Requests left in it."},
+    "RateLimit-Reset": _INT | {"description": "Seconds until it resets."},
+    "RateLimit-Policy": {"schema": {"type": "string"}, "description": "Every limit: `100;w=1, 3000;w=60`."},
+}
 
 
 def _ref(model: str) -> dict[str, str]:
@@ -154,12 +164,24 @@ def _param(name: str, where: str, schema: dict[str, Any], description: str = "")
     }
 
 
-def _op(op_id: str, summary: str, responses: dict[str, Any], *params: dict[str, Any], db: bool = True) -> Any:
-    """One operation; those touching the database or broker may also answer 503."""
+def _op(
+    op_id: str,
+    summary: str,
+    responses: dict[str, Any],
+    *params: dict[str, Any],
+    db: bool = True,
+    auth: bool = False,
+) -> Any:
+    """One operation; those touching the database or broker may also answer 503, keyed ones 401/429."""
     if db:
         responses = {**responses, **_problems(503)}
         responses["503"]["headers"] = _RETRY_AFTER
+    if auth:
+        responses = {**responses, **_problems(401, 429)}
+        responses["401"]["headers"] = {"WWW-Authenticate": {"schema": {"type": "string"}}}
+        responses["429"]["headers"] = _RETRY_AFTER | _RATE_LIMIT
     op = {"operationId": op_id, "summary": summary, "responses": responses}
+    op["security"] = [{"bearerAuth": []}] if auth else []
     return op | ({"parameters": list(params)} if params else {})
 
 
@@ -179,9 +201,16 @@ def _paths() -> dict[str, Any]:
         "Submit a job",
         {
             "202": _json("Job", "Accepted and queued", {"Location": {"schema": text}}),
-            **_problems(400, 413, 415, 422),
+            **_problems(400, 403, 413, 415, 422),
         },
+        auth=True,
     )
+    job_link = {"parameters": {"job_id": "$response.body#/id"}}
+    submit["responses"]["202"]["links"] = {
+        "GetJob": {"operationId": "getJob", **job_link},
+        "CancelJob": {"operationId": "cancelJob", **job_link},
+        "GetJobContent": {"operationId": "getJobContent", **job_link},
+    }
     submit["requestBody"] = {"required": True, "content": {"application/json": {"schema": _ref("JobCreate")}}}
     return webhooks_openapi.paths() | {
         "/v1/jobs": {
@@ -191,6 +220,7 @@ def _paths() -> dict[str, Any]:
                 "List jobs, newest first",
                 {"200": _json("JobList", "A page of jobs"), **_problems(422)},
                 *listing,
+                auth=True,
             ),
         },
         "/v1/jobs/{job_id}": {
@@ -204,6 +234,7 @@ def _paths() -> dict[str, Any]:
                 },
                 job_id,
                 _param("If-None-Match", "header", text),
+                auth=True,
             )
         },
         "/v1/jobs/{job_id}/cancel": {
@@ -212,6 +243,7 @@ def _paths() -> dict[str, Any]:
                 "Cancel a job (idempotent)",
                 {"200": _json("Job", "Canceled (now or before)"), **_problems(404, 409)},
                 job_id,
+                auth=True,
             )
         },
         "/v1/jobs/{job_id}/content": {
@@ -227,6 +259,7 @@ def _paths() -> dict[str, Any]:
                 job_id,
                 variant,
                 _param("Range", "header", text),
+                auth=True,
             )
         },
         "/v1/health": {"get": _op("health", "Liveness", {"200": _json("Health", "Alive")}, db=False)},
@@ -261,10 +294,23 @@ def build_spec(base_url: str = "") -> dict[str, Any]:
         "info": {
             "title": "Genqueue",
             "version": "1.0.0",
-            "description": "Text and video generation jobs. Errors are RFC 9457 application/problem+json.",
+            "description": (
+                "Text and video generation jobs. Every /v1 operation but health and ready needs an API "
+                "key. Errors are RFC 9457 application/problem+json."
+            ),
         },
         "paths": _paths(),
-        "components": {"schemas": _schemas()},
+        "components": {
+            "schemas": _schemas(),
+            "securitySchemes": {
+                "bearerAuth": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "An API key: `Authorization: Bearer gq_...` (see `genqueue keys create`).",
+                }
+            },
+        },
+        "security": [{"bearerAuth": []}],
     }
     if base_url:
         spec["servers"] = [{"url": base_url}]

@@ -33,6 +33,7 @@ METADATA_MAX_KEYS = 16
 METADATA_MAX_CHARS = 256
 PROMPT_MAX_CHARS = 4000  # the documented default; Settings.prompt_max_chars is enforced
 _KEEP_CONTROL = {"\n", "\t"}
+_STATUS = "(queued|running|succeeded|failed|canceled)"
 
 
 class Strict(BaseModel):
@@ -174,5 +175,9 @@ class ListQuery(Strict):
 
     model_config = ConfigDict(extra="forbid", strict=False)  # query values arrive as strings
     limit: int = Field(20, ge=1, le=100)
-    status: str | None = Field(None, description="One status or a comma-separated list.")
+    status: str | None = Field(
+        None,
+        description="One status or a comma-separated list.",
+        json_schema_extra={"pattern": f"^{_STATUS}(,{_STATUS})*$"},
+    )
     cursor: str | None = Field(None, description="`next_cursor` of the previous page.")

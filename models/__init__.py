@@ -3,5 +3,6 @@
 from models import webhook as _webhook  # noqa: F401  registers the webhook tables
 from models.base import Base
 from models.job import Job, JobEvent, JobStatus, Modality, Priority, Stage
+from models.tenant import ApiKey, Tenant
 
-__all__ = ["Base", "Job", "JobEvent", "JobStatus", "Modality", "Priority", "Stage"]
+__all__ = ["ApiKey", "Base", "Job", "JobEvent", "JobStatus", "Modality", "Priority", "Stage", "Tenant"]

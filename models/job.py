@@ -11,6 +11,7 @@ from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, Te
 from sqlalchemy.orm import Mapped, mapped_column
 
 from models.base import Base, JSONType, UTCDateTime, utcnow
+from models.tenant import DEFAULT_TENANT_ID
 
 
 class JobStatus(StrEnum):
@@ -45,6 +46,7 @@ class Job(Base):
     __tablename__ = "jobs"
 
     id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    tenant_id: Mapped[uuid.UUID] = mapped_column(Uuid, ForeignKey("tenants.id"), default=DEFAULT_TENANT_ID)
     status: Mapped[str] = mapped_column(String(16), default=JobStatus.QUEUED)
     stage: Mapped[str | None] = mapped_column(String(16))
     modality: Mapped[str] = mapped_column(String(16))
@@ -77,6 +79,10 @@ class Job(Base):
         # Listing is newest first with an id tie-break; status filter uses the same order.
         Index("ix_jobs_created_id", "created_at", "id"),
         Index("ix_jobs_status_created", "status", "created_at"),
+        # A tenant's listing and its queued + running count (quota); finished-per-minute (admission).
+        Index("ix_jobs_tenant_created", "tenant_id", "created_at", "id"),
+        Index("ix_jobs_tenant_status", "tenant_id", "status"),
+        Index("ix_jobs_completed_at", "completed_at"),
     )
 
 

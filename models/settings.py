@@ -60,6 +60,32 @@ class Settings(BaseSettings):
     default_steps: int = 8
     default_max_new_tokens: int = 64
 
+    # Tenancy, rate limits and admission control (docs/API.md). The default plan: every
+    # tenant gets these unless `genqueue tenants plan` overrides them for it.
+    ratelimit_url: str = ""  # empty: the broker if it is Redis, else redis://127.0.0.1:6379/0
+    ratelimit_strategy: str = "moving-window"
+    plan_rate_limit: str = "100/second;3000/minute"  # per API key: a burst and a sustained rate
+    plan_max_active_jobs: int = 1000  # per tenant: queued + running
+    plan_max_width: int = 1024
+    plan_max_height: int = 1024
+    plan_max_frames: int = 121
+    plan_max_steps: int = 100
+    plan_max_priority: str = "high"
+    plan_max_prompt_chars: int = 4000
+    admission_max_text_backlog: int = 10000  # jobs waiting for the text stage (queued)
+    admission_max_video_backlog: int = 10000  # video jobs not finished yet
+    admission_max_wait_s: float = 0.0  # estimated wait bound; 0 turns it off
+    admission_cache_s: float = 1.0  # how long one process reuses a backlog measurement
+
     @property
     def is_sqlite(self) -> bool:
         return self.database_url.startswith("sqlite")
+
+    @property
+    def ratelimit_storage_uri(self) -> str:
+        """Where rate-limit counters and quota reservations live, shared by every web process."""
+        if self.ratelimit_url:
+            return self.ratelimit_url
+        if self.broker_url.startswith(("redis://", "rediss://")):
+            return self.broker_url
+        return "redis://127.0.0.1:6379/0"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from celery import Celery
 
+from models import redaction
 from models.settings import Settings
 from tasks.config import celery_config
 
@@ -11,6 +12,7 @@ from tasks.config import celery_config
 def create_celery(settings: Settings | None = None, *, set_as_current: bool = True) -> Celery:
     """Build a configured Celery app. Builds no connection: that happens on first use."""
     settings = settings or Settings()
+    redaction.install()  # workers and publishers alike: no secret in any log line
     app = Celery("genqueue", set_as_current=set_as_current)
     app.conf.update(celery_config(settings))
     # Tasks find their database, artifact directory and models through this.

@@ -9,8 +9,11 @@ from pathlib import Path
 
 from celery import Celery
 
+from models.db import make_engine, make_session_factory, transaction
+from models.keys import authenticate, create_key
 from models.migrate import upgrade
 from models.settings import Settings
+from models.tenant import DEFAULT_TENANT_NAME
 from tasks import names
 from tasks.celery_app import create_celery
 from tasks.lifecycle import preload_models
@@ -26,6 +29,7 @@ def embedded_settings(data_dir: Path, **overrides: object) -> Settings:
         "broker_url": "memory://localhost/",
         "artifact_dir": data_dir / "artifacts",
         "worker_preload": "text,video",
+        "ratelimit_url": "memory://",  # one process: flask-limiter's memory storage, no Redis
     }
     values.update({k: v for k, v in overrides.items() if v is not None})
     return Settings(**values)  # type: ignore[arg-type]
@@ -54,3 +58,27 @@ def embedded_worker(settings: Settings, concurrency: int = 2) -> Iterator[Celery
         queues=list(names.ALL_QUEUES),
     ):
         yield app
+
+
+DEV_KEY_FILE = "dev-api-key"
+
+
+def embedded_dev_key(settings: Settings) -> str:
+    """The local development key (default tenant), kept beside the database so it stays the same.
+
+    Created on first use, or again if it was revoked; the file is readable by its owner only.
+    """
+    path = Path(settings.artifact_dir).parent / DEV_KEY_FILE
+    engine = make_engine(settings.database_url)
+    try:
+        with transaction(make_session_factory(engine)) as s:
+            key = path.read_text().strip() if path.exists() else ""
+            if key and authenticate(s, key) is not None:
+                return key
+            key = create_key(s, DEFAULT_TENANT_NAME, "embedded development key")[1]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch(mode=0o600)
+        path.write_text(key + "\n")
+        return key
+    finally:
+        engine.dispose()

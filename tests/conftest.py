@@ -4,20 +4,24 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
+from flask.testing import FlaskClient
 from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session, sessionmaker
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from models.db import make_engine, make_session_factory
+from models.db import make_engine, make_session_factory, transaction
+from models.keys import create_key, ensure_default_tenant, set_plan
 from models.migrate import upgrade
 from models.settings import Settings
+from models.tenant import DEFAULT_TENANT_NAME
 
 PG_ADMIN = os.environ.get("GENQUEUE_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 REDIS_HOST = os.environ.get("GENQUEUE_TEST_REDIS", "redis://127.0.0.1:6379")
@@ -29,6 +33,8 @@ TABLES = (
     "webhook_secrets",
     "job_events",
     "jobs",
+    "api_keys",
+    "tenants",
 )
 
 
@@ -97,10 +103,13 @@ def engine(settings: Settings):
 
 @pytest.fixture
 def sessions(engine) -> sessionmaker[Session]:
-    """Session factory on the per-run database, emptied before each test."""
+    """Session factory on the per-run database, emptied before each test (the default tenant kept)."""
     with engine.begin() as conn:
         conn.execute(text(f"TRUNCATE {', '.join(TABLES)} RESTART IDENTITY CASCADE"))
-    return make_session_factory(engine)
+    factory = make_session_factory(engine)
+    with transaction(factory) as s:
+        ensure_default_tenant(s)  # jobs written without a tenant_id belong to it
+    return factory
 
 
 @pytest.fixture
@@ -118,18 +127,60 @@ def celery_app(settings: Settings):
     return create_celery(settings)
 
 
+def make_api_key(sessions: sessionmaker[Session], tenant: str = DEFAULT_TENANT_NAME, **plan: Any) -> str:
+    """A fresh API key for `tenant` (created if new), with plan overrides if given."""
+    with transaction(sessions) as s:
+        if plan:
+            set_plan(s, tenant, plan)
+        return create_key(s, tenant)[1]
+
+
+def authed_client_class(key: str) -> type[FlaskClient]:
+    """A test client class that sends `Authorization: Bearer <key>` on every request."""
+
+    class AuthedClient(FlaskClient):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {key}"
+
+    return AuthedClient
+
+
 @pytest.fixture
-def app(settings: Settings, sessions, broker):
+def api_key(sessions) -> str:
+    """A key of the default tenant, which owns every job a test writes without a tenant_id."""
+    return make_api_key(sessions)
+
+
+@pytest.fixture
+def app(settings: Settings, sessions, broker, api_key):
     from app import create_app
 
     flask_app = create_app(settings)
     flask_app.testing = True
+    flask_app.test_client_class = authed_client_class(api_key)  # app.test_client() is authenticated
     return flask_app
 
 
 @pytest.fixture
 def client(app):
     return app.test_client()
+
+
+@pytest.fixture
+def anon_client(app) -> FlaskClient:
+    """A client that sends no Authorization header."""
+    return FlaskClient(app, app.response_class, use_cookies=True)
+
+
+@pytest.fixture
+def tenant_client(app, sessions) -> Callable[..., FlaskClient]:
+    """tenant_client("acme", max_width=512): a client of another tenant, with plan overrides."""
+
+    def make(name: str = "other", **plan: Any) -> FlaskClient:
+        return authed_client_class(make_api_key(sessions, name, **plan))(app, app.response_class, True)
+
+    return make
 
 
 @pytest.fixture

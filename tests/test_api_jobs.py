@@ -16,18 +16,20 @@ from sqlalchemy import func, select
 from app import create_app
 from models import Job, JobEvent, JobStatus, states
 from models.db import transaction
+from tests.conftest import authed_client_class
 
 CLOSED_DB = "postgresql+psycopg://postgres@127.0.0.1:1/nothing"
 CLOSED_BROKER = "redis://127.0.0.1:1/0"
 
 
 @pytest.fixture
-def make_app(settings):
+def make_app(settings, api_key):
     """An app on altered settings (a dead database or broker); its pool is closed afterwards."""
     apps: list[Flask] = []
 
     def build(**overrides: Any) -> Flask:
         flask_app = create_app(settings.model_copy(update=overrides))
+        flask_app.test_client_class = authed_client_class(api_key)
         apps.append(flask_app)
         return flask_app
 

@@ -21,10 +21,13 @@ def real_settings(settings):
 
 
 @pytest.fixture
-def real_client(real_settings, sessions, broker):
+def real_client(real_settings, sessions, broker, api_key):
     from app import create_app
+    from tests.conftest import authed_client_class
 
-    return create_app(real_settings).test_client()
+    flask_app = create_app(real_settings)
+    flask_app.test_client_class = authed_client_class(api_key)
+    return flask_app.test_client()
 
 
 @pytest.fixture

@@ -63,6 +63,16 @@ def test_procfile_runs_a_video_job(procfile_env, tmp_path) -> None:
         timeout=120,
     )
     assert release.returncode == 0, release.stdout + release.stderr
+    created = subprocess.run(
+        ["genqueue", "keys", "create", "--tenant", "procfile"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert created.returncode == 0, created.stderr
+    headers = {"Authorization": f"Bearer {created.stdout.strip()}"}
     base_port = _free_port()
     log = (tmp_path / "honcho.log").open("w")
     proc = subprocess.Popen(
@@ -81,7 +91,6 @@ def test_procfile_runs_a_video_job(procfile_env, tmp_path) -> None:
             "modality": "video",
             "params": {"width": 128, "height": 128, "num_frames": 9, "steps": 3, "seed": 1},
         }
-        headers: dict[str, str] = {}
         resp = httpx.post(f"{web}/v1/jobs", json=body, headers=headers, timeout=10)
         assert resp.status_code == 202, resp.text
         location = web + resp.headers["Location"]

@@ -26,11 +26,13 @@ def hooks(settings, overrides):
 
 
 @pytest.fixture
-def hook_client(hooks, sessions, broker):
+def hook_client(hooks, sessions, broker, api_key):
     from app import create_app
+    from tests.conftest import authed_client_class
 
     flask_app = create_app(hooks)
     flask_app.testing = True
+    flask_app.test_client_class = authed_client_class(api_key)
     yield flask_app.test_client()
     flask_app.extensions["genqueue"].engine.dispose()
 

@@ -1,0 +1,167 @@
+"""Per-tenant concurrency quota: at most `max_active_jobs` queued + running jobs.
+
+The active set of each tenant lives in Redis (one sorted set of job ids, scored by when they
+were admitted), so every web process sees the same count and a Lua script checks and adds
+atomically: two concurrent submits cannot both take the last slot. Jobs finish in the workers,
+which know nothing of this, so the set is reconciled against Postgres (the truth): at most
+every SYNC_S seconds per tenant, and always before a job is refused, so a refusal is exact.
+Reconciling drops ids whose job has finished and ids that never became a row (a submit that
+failed) once older than GRACE_S, and adds active jobs the set lacks (Redis was flushed).
+With Redis down the quota falls back to counting in Postgres (not atomic, but available).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from typing import Any, Protocol
+
+import redis
+from sqlalchemy import func, or_, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from models import Job
+from models.job import ACTIVE
+
+log = logging.getLogger("genqueue.api")
+
+SYNC_S = 5.0
+GRACE_S = 60.0  # longer than any submit takes between reserving and committing its row
+
+_RESERVE = """
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then return 0 end
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+redis.call('EXPIRE', KEYS[1], 86400)
+return 1
+"""
+
+
+class _Store(Protocol):
+    def try_add(self, key: str, member: str, score: float, limit: int) -> bool: ...
+    def members(self, key: str) -> dict[str, float]: ...
+    def remove(self, key: str, members: list[str]) -> None: ...
+    def add_missing(self, key: str, members: list[str], score: float) -> None: ...
+    def due(self, key: str, every_s: float) -> bool: ...
+
+
+class RedisStore:
+    def __init__(self, url: str) -> None:
+        self.client = redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
+        self.reserve = self.client.register_script(_RESERVE)
+
+    def try_add(self, key: str, member: str, score: float, limit: int) -> bool:
+        return bool(self.reserve(keys=[key], args=[member, score, limit]))
+
+    def members(self, key: str) -> dict[str, float]:
+        return {m.decode(): s for m, s in self.client.zrange(key, 0, -1, withscores=True)}
+
+    def remove(self, key: str, members: list[str]) -> None:
+        if members:
+            self.client.zrem(key, *members)
+
+    def add_missing(self, key: str, members: list[str], score: float) -> None:
+        if members:
+            self.client.zadd(key, dict.fromkeys(members, score), nx=True)
+
+    def due(self, key: str, every_s: float) -> bool:
+        return bool(self.client.set(f"{key}:synced", 1, nx=True, px=int(every_s * 1000)))
+
+
+class MemoryStore:
+    """One process only (the embedded mode, with flask-limiter's memory storage)."""
+
+    def __init__(self) -> None:
+        self.sets: dict[str, dict[str, float]] = {}
+        self.synced: dict[str, float] = {}
+        self.lock = threading.Lock()
+
+    def try_add(self, key: str, member: str, score: float, limit: int) -> bool:
+        with self.lock:
+            members = self.sets.setdefault(key, {})
+            if len(members) >= limit:
+                return False
+            members[member] = score
+            return True
+
+    def members(self, key: str) -> dict[str, float]:
+        with self.lock:
+            return dict(self.sets.get(key, {}))
+
+    def remove(self, key: str, members: list[str]) -> None:
+        with self.lock:
+            for m in members:
+                self.sets.get(key, {}).pop(m, None)
+
+    def add_missing(self, key: str, members: list[str], score: float) -> None:
+        with self.lock:
+            for m in members:
+                self.sets.setdefault(key, {}).setdefault(m, score)
+
+    def due(self, key: str, every_s: float) -> bool:
+        with self.lock:
+            now = time.monotonic()
+            if now < self.synced.get(key, 0.0):
+                return False
+            self.synced[key] = now + every_s
+            return True
+
+
+class ActiveJobs:
+    """Reserve a slot for a job before its row is written; release it if the submit fails."""
+
+    def __init__(self, storage_uri: str, sessions: sessionmaker[Session]) -> None:
+        self.store: _Store = MemoryStore() if storage_uri.startswith("memory") else RedisStore(storage_uri)
+        self.sessions = sessions
+
+    @staticmethod
+    def _key(tenant_id: uuid.UUID) -> str:
+        return f"genqueue:active:{tenant_id}"
+
+    def reserve(self, tenant_id: uuid.UUID, job_id: uuid.UUID, limit: int) -> tuple[bool, int]:
+        """(admitted, active count seen). Falls back to a Postgres count when Redis is down."""
+        key = self._key(tenant_id)
+        try:
+            if self.store.due(key, SYNC_S):
+                self._sync(tenant_id, key)
+            if self.store.try_add(key, str(job_id), time.time(), limit):
+                return True, -1
+            self._sync(tenant_id, key)  # refuse only on fresh numbers
+            if self.store.try_add(key, str(job_id), time.time(), limit):
+                return True, -1
+            return False, len(self.store.members(key))
+        except redis.RedisError as exc:
+            log.warning("quota store unavailable (%s); counting in the database", type(exc).__name__)
+            active = self._count(tenant_id)
+            return active < limit, active
+
+    def release(self, tenant_id: uuid.UUID, job_id: uuid.UUID) -> None:
+        try:
+            self.store.remove(self._key(tenant_id), [str(job_id)])
+        except redis.RedisError:
+            pass  # the next reconciliation drops it
+
+    def _count(self, tenant_id: uuid.UUID) -> int:
+        with self.sessions() as s:
+            stmt = select(func.count()).where(Job.tenant_id == tenant_id, Job.status.in_(ACTIVE))
+            return int(s.scalar(stmt) or 0)
+
+    def _sync(self, tenant_id: uuid.UUID, key: str) -> None:
+        members = self.store.members(key)
+        known = [uuid.UUID(m) for m in members]
+        with self.sessions() as s:
+            rows: Any = s.execute(
+                select(Job.id, Job.status).where(
+                    Job.tenant_id == tenant_id, or_(Job.status.in_(ACTIVE), Job.id.in_(known))
+                )
+            ).all()
+        status = {str(r.id): r.status for r in rows}
+        cutoff = time.time() - GRACE_S
+        gone = [
+            m
+            for m, admitted in members.items()
+            if (m in status and status[m] not in ACTIVE) or (m not in status and admitted < cutoff)
+        ]
+        self.store.remove(key, gone)
+        self.store.add_missing(key, [m for m, st in status.items() if st in ACTIVE], time.time())

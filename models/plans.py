@@ -1,0 +1,90 @@
+"""Tenant plans: per-tenant limits on what a job may ask for, defaults from Settings."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from limits import parse_many
+
+from models.settings import Settings
+
+PRIORITY_RANK = {"low": 0, "normal": 1, "high": 2}
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One limit a job goes beyond: the request field, the plan limit's name, its value."""
+
+    field: str
+    limit: str
+    allowed: Any
+    asked: Any
+
+    @property
+    def message(self) -> str:
+        return f"{self.asked!r} is beyond the plan limit {self.limit}={self.allowed!r}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    rate_limit: str  # per API key, in flask-limiter notation: "100/second;3000/minute"
+    max_active_jobs: int  # queued + running jobs per tenant
+    max_width: int
+    max_height: int
+    max_frames: int
+    max_steps: int
+    max_priority: str  # the highest priority the tenant may ask for
+    max_prompt_chars: int
+
+    @classmethod
+    def default(cls, settings: Settings) -> Plan:
+        return cls(**{f.name: getattr(settings, f"plan_{f.name}") for f in dataclasses.fields(cls)})
+
+    @classmethod
+    def effective(cls, settings: Settings, overrides: dict[str, Any] | None) -> Plan:
+        """The configured default plan with a tenant's stored overrides applied."""
+        known = {k: v for k, v in (overrides or {}).items() if k in PLAN_FIELDS}
+        return dataclasses.replace(cls.default(settings), **known)
+
+    def violations(self, prompt: str, priority: str, params: dict[str, Any]) -> list[Violation]:
+        """Every limit of this plan that a job (its params complete) goes beyond."""
+        out = []
+        if len(prompt) > self.max_prompt_chars:
+            out.append(Violation("prompt", "max_prompt_chars", self.max_prompt_chars, len(prompt)))
+        if PRIORITY_RANK.get(priority, 1) > PRIORITY_RANK[self.max_priority]:
+            out.append(Violation("priority", "max_priority", self.max_priority, priority))
+        for param, limit in (
+            ("width", "max_width"),
+            ("height", "max_height"),
+            ("num_frames", "max_frames"),
+            ("steps", "max_steps"),
+        ):
+            value = params.get(param)
+            if value is not None and value > getattr(self, limit):
+                out.append(Violation(f"params.{param}", limit, getattr(self, limit), value))
+        return out
+
+
+PLAN_FIELDS = {f.name: f.type for f in dataclasses.fields(Plan)}
+
+
+def check_overrides(values: dict[str, Any]) -> dict[str, Any]:
+    """Validate plan overrides (from the CLI); raises ValueError naming the bad one."""
+    out: dict[str, Any] = {}
+    for name, value in values.items():
+        if name not in PLAN_FIELDS:
+            raise ValueError(f"unknown plan limit {name!r}; known: {', '.join(PLAN_FIELDS)}")
+        if name == "max_priority":
+            if value not in PRIORITY_RANK:
+                raise ValueError(f"max_priority must be one of: {', '.join(PRIORITY_RANK)}")
+        elif name == "rate_limit":
+            try:
+                parse_many(str(value))
+            except ValueError:
+                raise ValueError(f"rate_limit {value!r} is not like '10/second;300/minute'") from None
+        elif not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"{name} must be a non-negative integer")
+        out[name] = value
+    return out

@@ -1,0 +1,49 @@
+"""Embedded mode: a development key is created, printed and kept; limits use in-process memory."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from flask.testing import FlaskClient
+
+from app import create_app
+from tasks.embedded import DEV_KEY_FILE, embedded_dev_key, embedded_settings, embedded_worker
+
+
+def test_embedded_mode_runs_a_job_with_its_development_key(tmp_path: Path) -> None:
+    settings = embedded_settings(tmp_path, text_model="echo", video_model="echo", worker_preload="")
+    assert settings.ratelimit_storage_uri == "memory://"
+    with embedded_worker(settings):
+        key = embedded_dev_key(settings)
+        assert key == embedded_dev_key(settings)  # kept beside the database, not re-created
+        assert (tmp_path / DEV_KEY_FILE).stat().st_mode & 0o077 == 0  # owner only
+        flask_app = create_app(settings)
+        anon = FlaskClient(flask_app, flask_app.response_class)
+        assert anon.get("/v1/jobs").status_code == 401
+        headers = {"Authorization": f"Bearer {key}"}
+        resp = anon.post("/v1/jobs", json={"prompt": "a haiku", "modality": "text"}, headers=headers)
+        assert resp.status_code == 202 and resp.headers["RateLimit-Limit"]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            job = anon.get(resp.headers["Location"], headers=headers).get_json()
+            if job["status"] == "succeeded":
+                break
+            time.sleep(0.05)
+        assert job["status"] == "succeeded" and "a haiku" in job["outputs"]["text"]
+        flask_app.extensions["genqueue"].engine.dispose()
+
+
+def test_demo_authenticates_with_the_development_key(tmp_path: Path, monkeypatch) -> None:
+    from click.testing import CliRunner
+
+    from app.cli import main
+
+    monkeypatch.setenv("GENQUEUE_TEXT_MODEL", "echo")
+    monkeypatch.setenv("GENQUEUE_VIDEO_MODEL", "echo")
+    result = CliRunner().invoke(
+        main, ["demo", "a fox", "--modality", "text", "--data-dir", str(tmp_path)], catch_exceptions=False
+    )
+    assert result.exit_code == 0, result.output
+    assert "Text:" in result.stdout and "a fox" in result.stdout
+    assert (tmp_path / DEV_KEY_FILE).exists()

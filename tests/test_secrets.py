@@ -1,0 +1,110 @@
+"""Secrets (API keys, webhook secrets, database passwords) never appear in logs or error bodies."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import pytest
+from sqlalchemy.engine import make_url
+
+from app import create_app
+from models.redaction import redact
+from tasks.celery_app import create_celery
+from tests.conftest import authed_client_class, make_api_key
+
+DB_PASSWORD = "S3cret-db-pw-7f2c"
+WEBHOOK_SECRET = "whsec_MfKQ9r8GKYqrfNvbnOCsYvVKr6kfWUwM"
+
+
+@pytest.mark.parametrize(
+    ("line", "secret"),
+    [
+        ("key gq_abcd1234_Zx9-aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa rejected", "Zx9-aaaa"),
+        ("Authorization: Bearer some.opaque-token", "some.opaque-token"),
+        (f"signing with {WEBHOOK_SECRET}", "MfKQ9r8GKY"),
+        (f"postgresql+psycopg://app:{DB_PASSWORD}@db:5432/genqueue", DB_PASSWORD),
+        ("redis://:hunter2hunter2@cache:6379/0", "hunter2hunter2"),
+        ("amqp://guest:guestpw@rabbit//", "guestpw"),
+        ("password=letmein123 host=db", "letmein123"),
+    ],
+)
+def test_redact_masks_every_kind_of_secret(line: str, secret: str) -> None:
+    masked = redact(line)
+    assert secret not in masked and "***" in masked
+
+
+def test_redact_keeps_what_operators_need() -> None:
+    assert redact("key gq_abcd1234_" + "x" * 43) == "key gq_abcd1234_***"
+    assert redact("postgresql://app:pw@db:5432/genqueue") == "postgresql://app:***@db:5432/genqueue"
+    plain = "job 5c7e... failed: text stage exceeded its time limit"
+    assert redact(plain) == plain
+
+
+def _wait(client, job_id: str, timeout: float = 30) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = client.get(f"/v1/jobs/{job_id}").get_json()
+        if job["status"] in ("succeeded", "failed", "canceled"):
+            return job
+        time.sleep(0.05)
+    raise AssertionError(f"job {job_id} did not finish")
+
+
+def test_a_full_job_run_logs_no_secret(settings, sessions, broker, caplog):
+    """API, worker and failures, all logged at DEBUG: no key, password or webhook secret shows."""
+    from celery.contrib.testing.worker import start_worker
+
+    import tasks.pipeline  # noqa: F401  registers the tasks
+
+    url = make_url(settings.database_url).set(password=DB_PASSWORD)  # trust auth: accepted, unused
+    secret_settings = settings.model_copy(
+        update={"database_url": url.render_as_string(hide_password=False)}
+    )
+    key = make_api_key(sessions)
+    flask_app = create_app(secret_settings)
+    flask_app.test_client_class = authed_client_class(key)
+
+    def leak() -> None:  # an unexpected error whose message carries every kind of secret
+        raise RuntimeError(f"failed with {key} on {secret_settings.database_url} signing {WEBHOOK_SECRET}")
+
+    flask_app.add_url_rule("/v1/leak", view_func=leak)
+    client = flask_app.test_client()
+    caplog.set_level(logging.DEBUG)
+    bodies = []
+    with start_worker(
+        create_celery(secret_settings, set_as_current=False),
+        pool="threads",
+        concurrency=2,
+        perform_ping_check=False,
+        shutdown_timeout=30,
+        loglevel="DEBUG",
+    ):
+        logging.getLogger("genqueue.test").info("settings: %r", secret_settings)
+        video = client.post("/v1/jobs", json={"prompt": "a fox", "modality": "video",
+                                              "params": {"width": 64, "height": 64, "num_frames": 5}})
+        failing = client.post("/v1/jobs", json={"prompt": "[[fail]] now", "modality": "text"})
+        transient = client.post("/v1/jobs", json={"prompt": "[[transient]] once", "modality": "text"})
+        for resp in (video, failing, transient):
+            assert resp.status_code == 202, resp.get_data(as_text=True)
+            bodies.append(resp.get_data(as_text=True))
+        assert _wait(client, video.get_json()["id"])["status"] == "succeeded"
+        assert _wait(client, failing.get_json()["id"])["status"] == "failed"
+        _wait(client, transient.get_json()["id"])
+        for resp in (
+            client.get("/v1/leak"),
+            flask_app.test_client().get("/v1/jobs", headers={"Authorization": f"Bearer {key}x"}),
+            flask_app.test_client().get("/v1/jobs", headers={"Authorization": "Bearer " + key[::-1]}),
+        ):
+            assert resp.status_code in (401, 500)
+            bodies.append(resp.get_data(as_text=True))
+    flask_app.extensions["genqueue"].engine.dispose()
+
+    logged = caplog.text + "".join(r.getMessage() for r in caplog.records)
+    assert "genqueue.test" in caplog.text and "RuntimeError" in caplog.text  # the logs were captured
+    assert any(r.name.startswith("celery") for r in caplog.records)  # the worker's too
+    for secret in (key, key.split("_", 2)[2], DB_PASSWORD, WEBHOOK_SECRET, key[::-1]):
+        assert secret not in logged
+        assert all(secret not in body for body in bodies)
+    assert key[:11] in caplog.text  # the key's prefix stays, to tell which key it was
