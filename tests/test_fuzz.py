@@ -59,8 +59,14 @@ def api_schema(fuzz_app, api_key) -> OpenApiSchema:
 WITH_INPUTS = [
     ("POST", "/v1/jobs"), ("GET", "/v1/jobs"), ("GET", "/v1/jobs/{job_id}"),
     ("POST", "/v1/jobs/{job_id}/cancel"), ("GET", "/v1/jobs/{job_id}/content"),
+    ("GET", "/v1/jobs/{job_id}/webhook-deliveries"),
+    ("POST", "/v1/webhook-deliveries/{delivery_id}/redeliver"),
+    ("POST", "/v1/webhooks"), ("DELETE", "/v1/webhooks/{endpoint_id}"),
 ]  # fmt: skip
-WITHOUT_INPUTS = [("GET", "/v1/health"), ("GET", "/v1/ready"), ("GET", "/docs"), ("GET", "/metrics")]
+WITHOUT_INPUTS = [
+    ("GET", "/v1/health"), ("GET", "/v1/ready"), ("GET", "/docs"), ("GET", "/metrics"),
+    ("GET", "/v1/webhooks"), ("GET", "/v1/webhooks/secret"), ("POST", "/v1/webhooks/secret/rotate"),
+]  # fmt: skip
 # Every check but "schema-valid input is accepted": a valid-looking input may still be refused
 # for reasons a schema cannot state (a control character in metadata, a forged cursor, the
 # tenant's plan or quota), always with a documented 4xx.
