@@ -8,9 +8,11 @@ import random
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 
 from bench.common import (
     Load,
+    Process,
     Result,
     gunicorn,
     machine,
@@ -68,26 +70,36 @@ def _seed(db_url: str, count: int) -> list[str]:
     return [str(i) for i in ids]
 
 
+@dataclass(frozen=True)
+class Servers:
+    genqueue: str
+    trivial: str
+    db_url: str
+    genqueue_proc: Process
+    trivial_proc: Process
+
+
 @contextlib.contextmanager
-def servers() -> Iterator[tuple[str, str, str]]:
-    """Genqueue and the trivial app, each under ops/gunicorn.conf.py; yields (genqueue, trivial, db)."""
+def servers(**env: str) -> Iterator[Servers]:
+    """Genqueue and the trivial app, each under ops/gunicorn.conf.py with the same extra `env`."""
     with (
         temp_database() as db_url,
         temp_redis_db() as redis_url,
         tempfile.TemporaryDirectory(prefix="gq-bench-") as artifacts,
     ):
-        env = {"DATABASE_URL": db_url, "BROKER_URL": redis_url, "GENQUEUE_ARTIFACT_DIR": artifacts}
+        gq_env = {"DATABASE_URL": db_url, "BROKER_URL": redis_url, "GENQUEUE_ARTIFACT_DIR": artifacts}
         with (
-            gunicorn("app:create_app()", env, probe="/v1/health") as (genqueue, _),
-            gunicorn("bench.trivial_app:create_app()", {}, probe="/v1/health") as (trivial, _),
+            gunicorn("app:create_app()", gq_env | env, probe="/v1/health") as (genqueue, gq_proc),
+            gunicorn("bench.trivial_app:create_app()", env, probe="/v1/health") as (trivial, tr_proc),
         ):
-            yield genqueue, trivial, db_url
+            yield Servers(genqueue, trivial, db_url, gq_proc, tr_proc)
 
 
 def run(args: argparse.Namespace) -> list[Result]:
     print(f"api: {args.concurrency} connections, {args.duration:g} s per measurement; {machine()}")
     results: list[Result] = []
-    with servers() as (genqueue, trivial, db_url):
+    with servers() as srv:
+        genqueue, trivial, db_url = srv.genqueue, srv.trivial, srv.db_url
         if "submit" in args.only:
             _truncate(db_url)
             print("POST /v1/jobs (empty queue at start, no worker: the backlog grows)")
