@@ -96,9 +96,12 @@ def servers(**env: str) -> Iterator[Servers]:
 
 
 def run(args: argparse.Namespace) -> list[Result]:
-    print(f"api: {args.concurrency} connections, {args.duration:g} s per measurement; {machine()}")
+    print(f"api: {args.concurrency} connections, {args.duration:g} s per measurement, gunicorn workers "
+          f"{args.workers or 'default'} x threads {args.threads or 'default'}; {machine()}")
     results: list[Result] = []
-    with servers() as srv:
+    sizing = {"WEB_CONCURRENCY": str(args.workers)} if args.workers else {}
+    sizing |= {"WEB_THREADS": str(args.threads)} if args.threads else {}
+    with servers(**sizing) as srv:
         genqueue, trivial, db_url = srv.genqueue, srv.trivial, srv.db_url
         if "submit" in args.only:
             _truncate(db_url)
@@ -135,6 +138,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=float, default=2.0, help="seconds of load before each measurement")
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--backlog", type=int, default=1000, help="queued jobs the pollers ask about")
+    parser.add_argument("--workers", type=int, help="gunicorn workers for both apps (default: the config's)")
+    parser.add_argument("--threads", type=int, help="gunicorn threads per worker for both apps")
     parser.add_argument("--only", nargs="+", choices=("submit", "poll"), default=["submit", "poll"])
 
 

@@ -1,9 +1,4 @@
-"""The pipeline baseline: a bare Celery app with two trivial chained tasks on queues text and video.
-
-Same delivery settings as Genqueue (late acks, requeue on a lost worker, prefetch 1, no results)
-but no database, no models, no events. The second task counts finished chains in Redis so the
-benchmark can see them end.
-"""
+"""The pipeline baseline: a bare Celery app with two trivial chained tasks on queues text and video."""
 
 from __future__ import annotations
 
@@ -20,6 +15,8 @@ DONE_KEY = "bench:chains-done"
 
 def make_app(broker_url: str) -> Celery:
     """Build the app; connects to nothing until used."""
+    # Genqueue's delivery settings (late acks, requeue on a lost worker, prefetch 1, no results),
+    # but no database, no models, no task events.
     app = Celery("bench_bare", set_as_current=False)
     app.conf.update(
         broker_url=broker_url,
@@ -39,6 +36,7 @@ def make_app(broker_url: str) -> Celery:
 
     @app.task(name=SECOND, shared=False)
     def second(n: int) -> None:
+        """Counts finished chains, so the benchmark can see the last one end."""
         _redis(broker_url).incr(DONE_KEY)
 
     return app
