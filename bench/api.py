@@ -14,6 +14,7 @@ from bench.common import (
     Load,
     Process,
     Result,
+    cpu_seconds,
     gunicorn,
     machine,
     print_results,
@@ -29,7 +30,9 @@ JOB = {
 }
 
 
-def _measure(name: str, base: str, path: Callable[[int], str] | None, args: argparse.Namespace) -> Load:
+def _measure(
+    name: str, base: str, server: Process, path: Callable[[int], str] | None, args: argparse.Namespace
+) -> Load:
     """Warm up, then load `base` for --duration: submits when `path` is None, else GETs of path(n)."""
     method, body = ("POST", JOB) if path is None else ("GET", None)
 
@@ -38,7 +41,10 @@ def _measure(name: str, base: str, path: Callable[[int], str] | None, args: argp
 
     if args.warmup > 0:
         run_load(request, concurrency=args.concurrency, duration=args.warmup)
+    workers = server.children()
+    cpu = cpu_seconds(workers)
     load = run_load(request, concurrency=args.concurrency, duration=args.duration)
+    load.server_cpu = cpu_seconds(workers) - cpu
     print(f"  {name:<28} {load.summary()}", flush=True)
     return load
 
@@ -106,12 +112,13 @@ def run(args: argparse.Namespace) -> list[Result]:
         if "submit" in args.only:
             _truncate(db_url)
             print("POST /v1/jobs (empty queue at start, no worker: the backlog grows)")
-            base = _measure("trivial POST", trivial, None, args)
-            gq = _measure("genqueue POST /v1/jobs", genqueue, None, args)
+            base = _measure("trivial POST", trivial, srv.trivial_proc, None, args)
+            gq = _measure("genqueue POST /v1/jobs", genqueue, srv.genqueue_proc, None, args)
             results += [
                 Result("submit", "throughput", gq.rate, base.rate, "req/s", ">= 1000 req/s"),
                 Result("submit", "p50 latency", gq.p(50), base.p(50), "ms", higher_is_better=False),
                 Result("submit", "p99 latency", gq.p(99), base.p(99), "ms", "< 100 ms", False),
+                Result("submit", "web CPU per request", gq.cpu_ms, base.cpu_ms, "ms", higher_is_better=False),
             ]
         if "poll" in args.only:
             _truncate(db_url)
@@ -122,12 +129,13 @@ def run(args: argparse.Namespace) -> list[Result]:
             def path(_n: int) -> str:
                 return f"/v1/jobs/{rng.choice(ids)}"
 
-            base = _measure("trivial GET", trivial, path, args)
-            gq = _measure("genqueue GET /v1/jobs/{id}", genqueue, path, args)
+            base = _measure("trivial GET", trivial, srv.trivial_proc, path, args)
+            gq = _measure("genqueue GET /v1/jobs/{id}", genqueue, srv.genqueue_proc, path, args)
             results += [
                 Result("poll", "throughput", gq.rate, base.rate, "req/s"),
                 Result("poll", "p50 latency", gq.p(50), base.p(50), "ms", higher_is_better=False),
                 Result("poll", "p99 latency", gq.p(99), base.p(99), "ms", higher_is_better=False),
+                Result("poll", "web CPU per request", gq.cpu_ms, base.cpu_ms, "ms", higher_is_better=False),
             ]
     print_results(results)
     return results

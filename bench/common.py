@@ -60,8 +60,8 @@ class Result:
     def line(self) -> str:
         goal = f"  (goal: {self.goal})" if self.goal else ""
         return (
-            f"{self.bench:<9} {self.metric:<26} {self.value:>10.1f} {self.unit:<12} "
-            f"baseline {self.baseline:>10.1f}  ratio {self.ratio:.2f}x{goal}"
+            f"{self.bench:<9} {self.metric:<26} {self.value:>10.2f} {self.unit:<12} "
+            f"baseline {self.baseline:>10.2f}  ratio {self.ratio:.2f}x{goal}"
         )
 
 
@@ -215,6 +215,11 @@ def rss_mb(procs: Sequence[psutil.Process]) -> float:
     return sum(p.memory_info().rss for p in procs) / 2**20
 
 
+def cpu_seconds(procs: Sequence[psutil.Process]) -> float:
+    """User + system CPU the given processes have used so far."""
+    return sum(t.user + t.system for t in (p.cpu_times() for p in procs))
+
+
 # --- load client ---------------------------------------------------------------------------------
 
 
@@ -226,6 +231,12 @@ class Load:
     latencies: list[float] = field(default_factory=list)
     errors: int = 0
     statuses: dict[int, int] = field(default_factory=dict)
+    server_cpu: float = 0.0  # CPU seconds the server's workers used meanwhile, when measured
+
+    @property
+    def cpu_ms(self) -> float:
+        """Server CPU per completed request: far less sensitive than rates to a busy machine."""
+        return 1000 * self.server_cpu / len(self.latencies) if self.latencies else float("nan")
 
     @property
     def rate(self) -> float:
@@ -238,7 +249,7 @@ class Load:
         return (
             f"{len(self.latencies)} ok, {self.errors} failed in {self.elapsed:.1f} s: "
             f"{self.rate:.0f} req/s, p50 {self.p(50):.1f} ms, p99 {self.p(99):.1f} ms, "
-            f"statuses {self.statuses}"
+            f"server CPU {self.cpu_ms:.2f} ms/req, statuses {self.statuses}"
         )
 
 
