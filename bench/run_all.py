@@ -14,7 +14,7 @@ def _table(results: Sequence[Result]) -> str:
     head = "| {:<9} | {:<26} | {:>10} | {:>10} | unit   | ratio | goal |".format(*names)
     rule = "|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|"
     rows = [
-        f"| {r.bench:<9} | {r.metric:<26} | {r.value:>10.1f} | {r.baseline:>10.1f} | {r.unit:<6} | "
+        f"| {r.bench:<9} | {r.metric:<26} | {r.value:>10.2f} | {r.baseline:>10.2f} | {r.unit:<6} | "
         f"{r.ratio:.2f}x | {r.goal} |"
         for r in results
     ]
