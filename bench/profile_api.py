@@ -1,0 +1,89 @@
+"""Where a web worker's time goes under submit or poll load: py-spy samples, top frames by share."""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from bench.api import JOB, servers
+from bench.common import run_load
+
+
+def _top(collapsed: Path, limit: int, own_code: bool) -> list[tuple[float, str]]:
+    """Inclusive share of samples per frame (counted once per stack) from py-spy's raw output."""
+    totals: collections.Counter[str] = collections.Counter()
+    samples = 0
+    for line in collapsed.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        n = int(count)
+        samples += n
+        frames = {f for f in stack.split(";") if not own_code or "/app/" in f or "/models/" in f}
+        for frame in frames:
+            totals[frame] += n
+    return [(100 * n / samples, frame) for frame, n in totals.most_common(limit)] if samples else []
+
+
+def run(args: argparse.Namespace) -> None:
+    spy_bin = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(spy_bin).exists():
+        raise SystemExit("py-spy is not installed (pip install py-spy)")
+    with servers() as srv, tempfile.TemporaryDirectory() as tmp:
+        genqueue = srv.genqueue
+        worker_pids = [p.pid for p in srv.genqueue_proc.children()]
+        if args.endpoint == "submit":
+
+            def request(_n: int) -> tuple[str, str, object]:
+                return "POST", genqueue + "/v1/jobs", JOB
+
+        else:
+            first = run_load(lambda _n: ("POST", genqueue + "/v1/jobs", JOB), requests=1, concurrency=1)
+            assert first.latencies, "could not submit a job to poll"
+            import httpx
+
+            job_id = httpx.get(genqueue + "/v1/jobs?limit=1").json()["data"][0]["id"]
+
+            def request(_n: int) -> tuple[str, str, object]:
+                return "GET", f"{genqueue}/v1/jobs/{job_id}", None
+
+        run_load(request, duration=1.0)  # warm-up
+        outs = [Path(tmp, f"{pid}.txt") for pid in worker_pids]
+        spies = [
+            subprocess.Popen(
+                [spy_bin, "record", "--pid", str(pid), "--duration", str(int(args.duration)),
+                 "--format", "raw", "--nonblocking", "--output", str(out), *(["--gil"] if args.gil else [])],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for pid, out in zip(worker_pids, outs, strict=True)
+        ]
+        loader = threading.Thread(target=run_load, args=(request,), kwargs={"duration": args.duration})
+        loader.start()
+        loader.join()
+        for spy in spies:
+            spy.wait(timeout=60)
+        merged = Path(tmp, "all.txt")
+        merged.write_text("".join(o.read_text() for o in outs if o.exists()))
+        print(f"{args.endpoint}: inclusive share of web-worker samples (busy threads)")
+        for share, frame in _top(merged, args.top, args.own_code):
+            print(f"{share:5.1f}%  {frame}")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("endpoint", choices=("submit", "poll"))
+    parser.add_argument("--duration", type=float, default=8.0)
+    parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--gil", action="store_true", help="only the thread holding the GIL (CPU time)")
+    parser.add_argument("--own-code", action="store_true", help="only frames in app/ and models/")
+    run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""The benchmark scripts still run end to end (tiny durations) and print their ratios; no speed is judged."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SCRIPTS = {
+    "api": ["--duration", "0.5", "--warmup", "0.2", "--backlog", "20", "--concurrency", "8"],
+    "pipeline": ["--jobs", "5", "--warmup", "1"],
+    "memory": ["--requests", "100", "--warmup-requests", "20", "--connections", "8", "--jobs", "5",
+               "--warmup-jobs", "1"],
+}
+# (metric, whether its ratio must be a positive number: a memory growth baseline may be 0 -> nan)
+EXPECTED = {
+    "api": [("throughput", True), ("p50 latency", True), ("p99 latency", True)],
+    "pipeline": [("jobs/s (text->video)", True)],
+    "memory": [("web RSS growth/1k req", False), ("worker RSS growth/1k jobs", False)],
+}
+RATIO = re.compile(r" ratio (-?\d+\.\d+|nan)x")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", sorted(SCRIPTS))
+def test_benchmark_runs_and_prints_its_ratio(script: str) -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", f"bench.{script}", *SCRIPTS[script]],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = [ln for ln in proc.stdout.splitlines() if RATIO.search(ln)]
+    for metric, positive in EXPECTED[script]:
+        lines = [ln for ln in results if f" {metric} " in ln]
+        assert lines, f"no {metric!r} result in:\n{proc.stdout}"
+        for line in lines:
+            ratio = float(RATIO.search(line).group(1))  # type: ignore[union-attr]
+            if positive:
+                assert ratio > 0, line  # both sides measured something
