@@ -36,6 +36,10 @@ def celery_config(s: Settings) -> dict[str, Any]:
             "queue_order_strategy": "priority",
             "socket_timeout": 5,
             "socket_connect_timeout": 3,
+            # kombu sweeps for messages past the visibility timeout only every
+            # interval * throttle seconds (100 s by default): one knob, no throttle.
+            "unacked_restore_interval": s.broker_restore_interval_s,
+            "unacked_restore_throttle": 1,
         }
     elif s.broker_url.startswith("memory"):
         transport = {"polling_interval": 0.01}  # in-process broker: poll fast, it costs nothing
@@ -81,5 +85,13 @@ def celery_config(s: Settings) -> dict[str, Any]:
         "worker_send_task_events": True,  # Flower
         "task_send_sent_event": True,
         "worker_hijack_root_logger": False,
-        "include": ["tasks.pipeline"],
+        "include": ["tasks.pipeline", "tasks.maintenance"],
+        # celery beat: stuck jobs re-enqueued or failed, expired idempotency keys dropped.
+        "beat_schedule": {
+            "reap-stuck-jobs": {
+                "task": names.REAP_STUCK_JOBS,
+                "schedule": s.reaper_interval_s,
+                "options": {"expires": s.reaper_interval_s},
+            },
+        },
     }

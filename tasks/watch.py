@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 
 from sqlalchemy import select
+from sqlalchemy.exc import OperationalError
 
 from models import Job, JobStatus, Stage, states
 from models.db import transaction
 from tasks.runtime import Runtime
+
+log = logging.getLogger(__name__)
 
 
 class JobWatch:
@@ -31,8 +35,11 @@ class JobWatch:
             return
         self._last_progress = now
         progress = self.lo + (self.hi - self.lo) * step // max(total, 1)
-        with transaction(self.rt.sessions) as s:
-            states.set_progress(s, self.job_id, self.stage, progress)
+        try:
+            with transaction(self.rt.sessions) as s:
+                states.set_progress(s, self.job_id, self.stage, progress)
+        except OperationalError as exc:  # progress is advisory: a database blip must not kill the stage
+            log.warning("job %s progress not recorded: %s", self.job_id, type(exc).__name__)
 
     def canceled(self) -> bool:
         """True once the job left the running state (canceled by the client, or failed)."""
@@ -40,7 +47,10 @@ class JobWatch:
         if self._canceled or now - self._last_check < self.interval:
             return self._canceled
         self._last_check = now
-        with self.rt.sessions() as s:
-            status = s.execute(select(Job.status).where(Job.id == self.job_id)).scalar()
+        try:
+            with self.rt.sessions() as s:
+                status = s.execute(select(Job.status).where(Job.id == self.job_id)).scalar()
+        except OperationalError:  # unknown: keep going; the final transition is conditional anyway
+            return False
         self._canceled = status != JobStatus.RUNNING
         return self._canceled

@@ -21,7 +21,7 @@ from models.settings import Settings
 
 PG_ADMIN = os.environ.get("GENQUEUE_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 REDIS_HOST = os.environ.get("GENQUEUE_TEST_REDIS", "redis://127.0.0.1:6379")
-TABLES = ("job_events", "jobs")
+TABLES = ("idempotency_keys", "job_events", "jobs")
 
 
 def _claim_redis_db() -> int:
