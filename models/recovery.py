@@ -7,7 +7,7 @@ transaction, and False when the WHERE clause matched nothing (someone got there 
 from __future__ import annotations
 
 import uuid
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import and_, update
@@ -57,31 +57,41 @@ def degrade(session: Session, job_id: uuid.UUID, record: dict[str, Any]) -> bool
     )
 
 
-def recover(
-    session: Session,
-    job_id: uuid.UUID,
-    seen_deadline: datetime | None,
-    deadline_s: float,
-    data: dict[str, Any],
-    *,
-    republished: bool = False,
-) -> bool:
-    """The reaper published the job's stage again; conditional on nobody having moved it since."""
+def claim_recovery(
+    session: Session, job: Job, deadline_s: float, *, republished: bool = False
+) -> dict[str, Any] | None:
+    """Claim the reaper's intervention on `job` as it was read; None if it moved on since.
+
+    Returns the values to put back (undo_recovery) if the stage then cannot be published.
+    """
+    seen = {"deadline_at": job.deadline_at, "published_at": job.published_at}
     values: dict[str, Any] = {
-        "recoveries": Job.recoveries + 1,
+        "recoveries": job.recoveries + 1,
         "deadline_at": utcnow() + timedelta(seconds=deadline_s),
     }
     if republished:
         values["published_at"] = utcnow()
-    same = Job.deadline_at.is_(None) if seen_deadline is None else Job.deadline_at == seen_deadline
-    return _transition(
-        session,
-        job_id,
-        and_(Job.status.in_(ACTIVE), same),
-        values,
-        "job.recovered",
-        event_data=data,
+    unchanged = and_(
+        Job.status == job.status,
+        Job.recoveries == job.recoveries,
+        Job.deadline_at.is_(None) if job.deadline_at is None else Job.deadline_at == job.deadline_at,
     )
+    if not _transition(session, job.id, unchanged, values, None):
+        return None
+    return {"recoveries": job.recoveries, **{k: v for k, v in seen.items() if k in values}, "_set": values}
+
+
+def undo_recovery(session: Session, job_id: uuid.UUID, undo: dict[str, Any]) -> bool:
+    """Put back what claim_recovery changed, unless something else changed the job since."""
+    done = undo.pop("_set")
+    return _transition(
+        session, job_id, and_(Job.recoveries == done["recoveries"], Job.deadline_at == done["deadline_at"]),
+        undo, None,
+    )  # fmt: skip
+
+
+def log_recovery(session: Session, job_id: uuid.UUID, data: dict[str, Any]) -> None:
+    session.add(JobEvent(job_id=job_id, type="job.recovered", data=data))
 
 
 def mark_compensated(session: Session, job_id: uuid.UUID, data: dict[str, Any]) -> bool:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from datetime import datetime, timedelta
-from typing import Any
 
 from celery import Celery, Task, shared_task
 from sqlalchemy import delete, select
@@ -13,7 +12,7 @@ from sqlalchemy import delete, select
 from models import IdempotencyKey, Job, JobStatus
 from models.base import utcnow
 from models.db import transaction
-from models.recovery import FINISHED_UNSUCCESSFULLY, recover
+from models.recovery import FINISHED_UNSUCCESSFULLY, claim_recovery, log_recovery, undo_recovery
 from tasks import compensation, failures, names
 from tasks.publish import publish_job
 from tasks.runtime import Runtime, runtime
@@ -100,23 +99,22 @@ def _recover(rt: Runtime, app: Celery, job: Job, stage: str, code: str, why: str
         message = _give_up_message(job, stage, why)
         failed = compensation.fail_and_compensate(rt, job.id, code, message, stage)
         return "failed" if failed else "skipped"
+    with transaction(rt.sessions) as session:
+        # Claimed before publishing, so a worker that starts at once is not undone. The job
+        # waits in the queue again; entering the stage sets the stage's own deadline.
+        undo = claim_recovery(session, job, s.queued_timeout_s, republished=job.status == JobStatus.QUEUED)
+    if undo is None:
+        return "skipped"  # a worker or another reaper moved it meanwhile
     try:
         publish_job(app, job.id, job.modality, job.priority, stage=stage)
     except failures.INFRA_ERRORS as exc:
         log.warning("reaper: job %s not republished (%s); next run", job.id, type(exc).__name__)
+        with transaction(rt.sessions) as session:
+            undo_recovery(session, job.id, undo)
         return "publish_failed"
-    data: dict[str, Any] = {"reason": why, "stage": stage, "recovery": job.recoveries + 1}
     with transaction(rt.sessions) as session:
-        # Waiting in the queue again; entering the stage sets the stage's own deadline.
-        ok = recover(
-            session,
-            job.id,
-            job.deadline_at,
-            s.queued_timeout_s,
-            data,
-            republished=job.status == JobStatus.QUEUED,
-        )
-    return f"requeued_{why}" if ok else "skipped"
+        log_recovery(session, job.id, {"reason": why, "stage": stage, "recovery": job.recoveries + 1})
+    return f"requeued_{why}"
 
 
 def _give_up_message(job: Job, stage: str, why: str) -> str:
