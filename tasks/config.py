@@ -56,6 +56,15 @@ def celery_config(s: Settings) -> dict[str, Any]:
         # At-least-once: ack after the task ran, requeue when the pool child dies, one
         # message in hand at a time so priorities and long tasks don't starve siblings.
         "task_acks_late": True,
+        # A worker publishing the next stage (or a retry) during a broker blip waits for the
+        # broker (up to ~2 min) rather than failing a task whose work is done. The API passes
+        # its own short policy (tasks.publish) so clients get a quick 503 instead.
+        "task_publish_retry_policy": {
+            "max_retries": 60,
+            "interval_start": 0,
+            "interval_step": 0.5,
+            "interval_max": 2,
+        },
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
         "task_queues": [Queue(q, routing_key=q, queue_arguments=queue_args) for q in names.ALL_QUEUES],

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -182,10 +183,11 @@ class RedisServer:
 class PostgresServer:
     """A private Postgres cluster in a temp directory on a free port (pg_ctl)."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self) -> None:
         self.bin = pg_bin()
         self.port = free_port()
-        self.dir = Path(workdir)
+        # Its own top-level temp dir: the postgres user must be able to reach it.
+        self.dir = Path(tempfile.mkdtemp(prefix="gq-pg-"))
         self.data = self.dir / "data"
 
     @property
@@ -198,7 +200,6 @@ class PostgresServer:
 
     def init(self) -> PostgresServer:
         assert self.bin is not None
-        self.dir.mkdir(parents=True, exist_ok=True)
         if os.geteuid() == 0:
             shutil.chown(self.dir, "postgres", "postgres")
         _run_as_postgres(
@@ -214,6 +215,9 @@ class PostgresServer:
 
     def stop(self) -> None:
         self._ctl("-m", "fast", "-w", "-t", "60", "stop")
+
+    def remove(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class RabbitVhost:
