@@ -148,3 +148,38 @@ def test_a_poison_job_fails_after_the_maximum_attempts_without_a_redelivery_loop
     assert wait_done(sessions, nxt, timeout=120).status == "succeeded"
     assert video.proc is not None and video.proc.poll() is None
     assert get(sessions, jid).attempts == 4  # no more deliveries of the poison job
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("allowed", [True, False])
+def test_soft_time_limit_in_a_prefork_worker_degrades_or_fails_cleanly(
+    settings, sessions, broker, spawn, allowed
+):
+    """A real soft time limit (SIGUSR1 in the pool child): the cheaper retry fits, or the job fails
+    with `timeout`; either way the same child then serves the next job."""
+    limited = settings.model_copy(
+        update={
+            "video_model": "tests.support.generators:CostlyVideo",
+            "video_soft_time_limit_s": 3,
+            "video_time_limit_s": 60,
+        }
+    )
+    spawn(limited, "text,default", pool="threads", concurrency=2)
+    video = spawn(limited, "video", GENQUEUE_TEST_PIXEL_STEP_SECONDS="0.1")
+    [child] = video.pool_children()
+    from tasks.celery_app import create_celery
+
+    app = create_celery(limited, set_as_current=False)
+    # 128x128 x 8 steps: 3.2 s of "compute" > 3 s; degraded 64x64 x 4 steps: 0.4 s.
+    jid = submit(sessions, app, width=128, height=128, steps=8, allow_degraded=allowed)
+    job = wait_done(sessions, jid, timeout=120)
+    if allowed:
+        assert job.status == "succeeded", (job.error_code, job.error_message)
+        assert job.degraded["reason"] == "timeout"
+        assert job.degraded["to"] == {"width": 64, "height": 64, "steps": 4, "model": limited.video_model}
+    else:
+        assert (job.status, job.error_code, job.error_stage) == ("failed", "timeout", "video")
+        assert files(settings.artifact_dir, jid) == []
+    nxt = submit(sessions, app, width=64, height=64, steps=2)
+    assert wait_done(sessions, nxt, timeout=120).status == "succeeded"
+    assert video.pool_children() == [child]  # the same pool child, alive
