@@ -14,9 +14,10 @@ from typing import Any
 from flask import Blueprint, Response, jsonify, request, send_from_directory
 from pydantic import ValidationError
 from sqlalchemy import case, delete, func, select, tuple_
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app import services
+from app import idempotency, services
 from app.admission import admission
 from app.auth import current_principal, owned
 from app.errors import (
@@ -34,7 +35,7 @@ from models import Job, JobStatus, states
 from models.db import transaction
 from models.resource import job_resource
 from tasks.names import THUMBNAIL_NAME, stage_task_id
-from tasks.publish import publish_job
+from tasks.publish import publish_compensation, publish_job
 
 log = logging.getLogger("genqueue.api")
 bp = Blueprint("jobs", __name__, url_prefix="/v1")
@@ -113,7 +114,11 @@ def submit() -> tuple[Response, int, dict[str, str]]:
         req = parse_job(body, svc.settings)
     except ValidationError as exc:
         raise ValidationFailed("The job is invalid.", errors=field_errors(exc, body)) from None
-    who, job_id, params = current_principal(), uuid.uuid4(), complete_params(req, svc.settings)
+    who = current_principal()
+    idem = idempotency.from_request(body, who.tenant_id)
+    if idem is not None and (prior := idem.prior(svc.sessions)) is not None:
+        return _accepted(prior, replayed=True)
+    job_id, params = uuid.uuid4(), complete_params(req, svc.settings)
     gate = admission()
     gate.admit(who, job_id, req.modality, req.prompt, req.priority or "normal", params)  # 403/503/429
     job = Job(
@@ -132,6 +137,16 @@ def submit() -> tuple[Response, int, dict[str, str]]:
     try:
         with transaction(svc.sessions) as s:  # committed before publishing: a worker must find the row
             s.add(job)
+            if idem is not None:
+                s.flush()
+                idem.claim(s, job.id, svc.settings.idempotency_ttl_s)
+    except IntegrityError:
+        gate.release(who, job_id)
+        # A concurrent request with the same key committed first: answer with its job.
+        prior = idem.prior(svc.sessions) if idem is not None else None
+        if prior is None:
+            raise
+        return _accepted(prior, replayed=True)
     except Exception:
         gate.release(who, job_id)
         raise
@@ -150,10 +165,18 @@ def submit() -> tuple[Response, int, dict[str, str]]:
     except Exception:
         # The message is out, so the job will run: still a success for the client.
         log.exception("job %s published but published_at not recorded", job.id)
-    with svc.sessions() as s:
+    return _accepted(job)
+
+
+def _accepted(job: Job, replayed: bool = False) -> tuple[Response, int, dict[str, str]]:
+    """202 with the job as it is now; a replay of an Idempotency-Key says so in a header."""
+    with services().sessions() as s:
         job = s.get(Job, job.id) or job
         resource = _resource(s, job)
-    return jsonify(resource), 202, {"Location": f"/v1/jobs/{job.id}"}
+    headers = {"Location": f"/v1/jobs/{job.id}"}
+    if replayed:
+        headers["Idempotent-Replayed"] = "true"
+    return jsonify(resource), 202, headers
 
 
 def _discard(job_id: uuid.UUID) -> None:
@@ -234,7 +257,16 @@ def cancel_job(job_id: str) -> Response:
         resource = _resource(s, job)
     if canceled:
         _revoke(str(jid))
+        _request_compensation(jid)
     return jsonify(resource)
+
+
+def _request_compensation(job_id: uuid.UUID) -> None:
+    """Best effort: a worker removes the job's files now; otherwise the reaper does, later."""
+    try:
+        publish_compensation(services().celery, job_id)
+    except Exception as exc:
+        log.warning("compensation of canceled job %s not queued (the reaper will): %s", job_id, exc)
 
 
 def _revoke(job_id: str) -> None:

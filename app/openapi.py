@@ -59,7 +59,10 @@ class Job(_Doc):
     priority: Literal["high", "normal", "low"]
     outputs: JobOutputs
     error: JobError | None
-    attempts: int
+    attempts: int = Field(description="Runs of the current stage: retries and redeliveries included.")
+    degraded: dict[str, Any] | None = Field(
+        description="Set when the video stage was retried at a lower cost: reason, from, to."
+    )
     cached: bool
     timings: JobTimings
     metadata: dict[str, str]
@@ -203,6 +206,13 @@ def _paths() -> dict[str, Any]:
             "202": _json("Job", "Accepted and queued", {"Location": {"schema": text}}),
             **_problems(400, 403, 413, 415, 422),
         },
+        _param(
+            "Idempotency-Key",
+            "header",
+            {"type": "string", "minLength": 1, "maxLength": 255},
+            "Kept 24 h: a repeat with the same body returns the original job "
+            "(header Idempotent-Replayed: true); with another body, 422.",
+        ),
         auth=True,
     )
     job_link = {"parameters": {"job_id": "$response.body#/id"}}

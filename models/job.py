@@ -75,6 +75,13 @@ class Job(Base):
     text_s: Mapped[float | None] = mapped_column(Float)
     video_s: Mapped[float | None] = mapped_column(Float)
 
+    # Reliability: when the current stage is overdue (the reaper's cue), how often the reaper
+    # stepped in, what a degraded retry changed, and when compensation ran (exactly once).
+    deadline_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    recoveries: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    degraded: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
+    compensated_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+
     __table_args__ = (
         # Listing is newest first with an id tie-break; status filter uses the same order.
         Index("ix_jobs_created_id", "created_at", "id"),
@@ -83,6 +90,7 @@ class Job(Base):
         Index("ix_jobs_tenant_created", "tenant_id", "created_at", "id"),
         Index("ix_jobs_tenant_status", "tenant_id", "status"),
         Index("ix_jobs_completed_at", "completed_at"),
+        Index("ix_jobs_status_deadline", "status", "deadline_at"),
     )
 
 

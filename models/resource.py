@@ -45,6 +45,7 @@ def job_resource(job: Job, base_url: str = "", queue_position: int | None = None
             else None
         ),
         "attempts": job.attempts,
+        "degraded": job.degraded,
         "cached": False,
         "timings": {
             "created_at": _iso(job.created_at),

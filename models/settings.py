@@ -40,6 +40,22 @@ class Settings(BaseSettings):
     retry_backoff_s: float = 2.0
     retry_backoff_max_s: float = 300.0
     progress_interval_s: float = 0.5
+    # Reliability (docs/RELIABILITY.md): retries of infrastructure errors, stage attempts,
+    # the reaper's deadlines, degraded retries and idempotency keys.
+    max_stage_attempts: int = 6  # deliveries of one stage (retries + redeliveries) before it fails
+    infra_max_retries: int = 20  # database/broker errors inside a task: retried this often
+    infra_backoff_s: float = 1.0
+    infra_backoff_max_s: float = 30.0
+    broker_restore_interval_s: int = 10  # Redis: how often unacked messages past the timeout return
+    stage_grace_s: int = 120  # past a stage's hard time limit before the reaper calls it stuck
+    publish_grace_s: int = 60  # committed but unpublished (or failed but uncompensated) this long
+    queued_timeout_s: int = 6 * 3600  # waiting this long for a worker: published again
+    max_recoveries: int = 3  # reaper interventions per job before it fails the job
+    reaper_interval_s: float = 30.0
+    degrade_steps_factor: float = 0.5
+    degrade_size_factor: float = 0.5
+    degraded_video_model: str = ""  # a cheaper model for degraded retries; empty: the same model
+    idempotency_ttl_s: int = 24 * 3600
 
     # Webhooks (docs/WEBHOOKS.md). Private targets are for development and tests only.
     webhook_allow_private: bool = False

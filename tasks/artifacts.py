@@ -29,6 +29,21 @@ def write_video(root: Path, job_id: uuid.UUID, frames: np.ndarray, fps: int) -> 
     return f"{job_id}/{VIDEO_NAME}", int(info["bytes"])
 
 
-def remove_job_dir(root: Path, job_id: uuid.UUID) -> None:
-    """Compensation: drop everything the job wrote, finished or partial (idempotent)."""
-    shutil.rmtree(job_dir(root, job_id), ignore_errors=True)
+def remove_job_dir(root: Path, job_id: uuid.UUID) -> bool:
+    """Compensation: drop everything the job wrote, finished or partial (idempotent).
+
+    Returns whether there was anything to remove.
+    """
+    folder = job_dir(root, job_id)
+    existed = folder.exists()
+    shutil.rmtree(folder, ignore_errors=True)
+    return existed
+
+
+def sweep_temp(root: Path, job_id: uuid.UUID) -> int:
+    """Remove temp files an attempt killed mid-write left beside the finished artifacts."""
+    removed = 0
+    for stray in job_dir(root, job_id).glob("*.tmp-*"):
+        stray.unlink(missing_ok=True)
+        removed += 1
+    return removed

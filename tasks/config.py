@@ -37,6 +37,10 @@ def celery_config(s: Settings) -> dict[str, Any]:
             "queue_order_strategy": "priority",
             "socket_timeout": 5,
             "socket_connect_timeout": 3,
+            # kombu sweeps for messages past the visibility timeout only every
+            # interval * throttle seconds (100 s by default): one knob, no throttle.
+            "unacked_restore_interval": s.broker_restore_interval_s,
+            "unacked_restore_throttle": 1,
         }
     elif s.broker_url.startswith("memory"):
         transport = {"polling_interval": 0.01}  # in-process broker: poll fast, it costs nothing
@@ -53,6 +57,15 @@ def celery_config(s: Settings) -> dict[str, Any]:
         # At-least-once: ack after the task ran, requeue when the pool child dies, one
         # message in hand at a time so priorities and long tasks don't starve siblings.
         "task_acks_late": True,
+        # A worker publishing the next stage (or a retry) during a broker blip waits for the
+        # broker (up to ~2 min) rather than failing a task whose work is done. The API passes
+        # its own short policy (tasks.publish) so clients get a quick 503 instead.
+        "task_publish_retry_policy": {
+            "max_retries": 60,
+            "interval_start": 0,
+            "interval_step": 0.5,
+            "interval_max": 2,
+        },
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
         "task_queues": [Queue(q, routing_key=q, queue_arguments=queue_args) for q in names.ALL_QUEUES],
@@ -83,6 +96,15 @@ def celery_config(s: Settings) -> dict[str, Any]:
         "worker_send_task_events": True,  # Flower
         "task_send_sent_event": True,
         "worker_hijack_root_logger": False,
-        "include": ["tasks.pipeline", "tasks.webhooks"],
-        "beat_schedule": {**webhook_beat_schedule(s)},
+        "include": ["tasks.pipeline", "tasks.maintenance", "tasks.webhooks"],
+        # celery beat: stuck jobs re-enqueued or failed, expired idempotency keys dropped, and
+        # webhook messages a crash left unsent picked up again.
+        "beat_schedule": {
+            "reap-stuck-jobs": {
+                "task": names.REAP_STUCK_JOBS,
+                "schedule": s.reaper_interval_s,
+                "options": {"expires": s.reaper_interval_s},
+            },
+            **webhook_beat_schedule(s),
+        },
     }

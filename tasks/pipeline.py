@@ -8,18 +8,17 @@ duplicated message finds the job already past that point and does nothing.
 from __future__ import annotations
 
 import logging
-import random
 import time
 import uuid
 from typing import Any
 
 from celery import Task, shared_task
-from celery.exceptions import Ignore, SoftTimeLimitExceeded
 
-from models import Job, JobStatus, Modality, Stage, states
+from models import Job, Modality, Stage, states
 from models.db import transaction
-from tasks import artifacts, names
-from tasks.generators.base import Canceled, GeneratorError, TextRequest, VideoRequest
+from models.recovery import set_deadline
+from tasks import artifacts, compensation, degrade, failures, names
+from tasks.generators.base import TextRequest, VideoRequest
 from tasks.generators.registry import get_generator
 from tasks.runtime import Runtime, runtime
 from tasks.watch import JobWatch
@@ -27,12 +26,6 @@ from tasks.watch import JobWatch
 log = logging.getLogger(__name__)
 
 TEXT_DONE_PROGRESS = 20  # a video job's progress when its text stage is done
-
-
-def _backoff(rt: Runtime, retries: int) -> float:
-    """Exponential backoff with full jitter, capped."""
-    cap = min(rt.settings.retry_backoff_max_s, rt.settings.retry_backoff_s * 2**retries)
-    return random.uniform(cap / 2, cap)
 
 
 def _enter_stage(rt: Runtime, job_id: uuid.UUID, stage: Stage) -> Job | None:
@@ -49,40 +42,14 @@ def _enter_stage(rt: Runtime, job_id: uuid.UUID, stage: Stage) -> Job | None:
             log.info("job %s is %s/%s; %s stage has nothing to do", job_id, job.status, job.stage, stage)
             return None
         s.refresh(job)
-        if job.attempts > rt.settings.max_retries + 1:
-            # A message that keeps coming back (its worker keeps dying) must not loop forever.
-            states.fail(
-                s,
-                job_id,
-                "too_many_attempts",
-                f"{stage} stage gave up after {job.attempts - 1} attempts",
-                stage,
-            )
-            artifacts.remove_job_dir(rt.artifact_dir, job_id)
-            return None
-        return job
-
-
-def _handle_error(task: Task, rt: Runtime, job_id: uuid.UUID, stage: Stage, exc: BaseException) -> None:
-    """Retry transient errors with backoff, fail permanent ones once; never returns normally."""
-    if isinstance(exc, Canceled):
-        # The cancel endpoint already moved the job to canceled; drop what this stage wrote.
-        artifacts.remove_job_dir(rt.artifact_dir, job_id)
-        raise Ignore()
-    if isinstance(exc, GeneratorError) and exc.retryable and task.request.retries < rt.settings.max_retries:
-        log.warning("job %s %s stage: %s; retrying", job_id, stage, exc)
-        raise task.retry(exc=exc, countdown=_backoff(rt, task.request.retries))
-    if isinstance(exc, SoftTimeLimitExceeded):
-        code, message = "timeout", f"{stage} stage exceeded its time limit"
-    elif isinstance(exc, GeneratorError):
-        code, message = exc.code, str(exc) or exc.code
-    else:
-        code, message = "internal_error", f"{stage} stage failed unexpectedly"
-        log.exception("job %s %s stage failed", job_id, stage, exc_info=exc)
-    with transaction(rt.sessions) as s:
-        states.fail(s, job_id, code, message, stage)
-    artifacts.remove_job_dir(rt.artifact_dir, job_id)
-    raise Ignore()  # the job is failed and cleaned up: stop the chain, ack the message
+        if job.attempts <= rt.settings.max_stage_attempts:
+            # Past this, the worker died or hung: the reaper steps in.
+            set_deadline(s, job_id, failures.hard_limit(rt.settings, stage) + rt.settings.stage_grace_s)
+            return job
+    # A message that keeps coming back (its worker keeps dying) must not loop forever.
+    message = f"{stage} stage gave up after {job.attempts - 1} attempts"
+    compensation.fail_and_compensate(rt, job_id, "too_many_attempts", message, stage)
+    return None
 
 
 @shared_task(bind=True, name=names.GENERATE_TEXT)
@@ -90,6 +57,11 @@ def generate_text(self: Task, job_id: str) -> None:
     """Turn the prompt into text (the final output, or the video stage's shot description)."""
     rt = runtime(self.app)
     jid = uuid.UUID(job_id)
+    with failures.infra_retry(self, rt, jid, Stage.TEXT):
+        _text_stage(self, rt, jid)
+
+
+def _text_stage(self: Task, rt: Runtime, jid: uuid.UUID) -> None:
     job = _enter_stage(rt, jid, Stage.TEXT)
     if job is None:
         return
@@ -108,11 +80,10 @@ def generate_text(self: Task, job_id: str) -> None:
         if result.error is not None:
             raise result.error
     except Exception as exc:
-        _handle_error(self, rt, jid, Stage.TEXT, exc)
-        return
+        failures.handle(self, rt, job, Stage.TEXT, exc)
     final = job.modality == Modality.TEXT
     with transaction(rt.sessions) as s:
-        states.complete_text(
+        done = states.complete_text(
             s,
             jid,
             result.text,
@@ -120,6 +91,8 @@ def generate_text(self: Task, job_id: str) -> None:
             final=final,
             progress=TEXT_DONE_PROGRESS,
         )
+        if done and not final:
+            set_deadline(s, jid, rt.settings.queued_timeout_s)  # now waiting for a video worker
 
 
 @shared_task(bind=True, name=names.GENERATE_VIDEO)
@@ -127,6 +100,11 @@ def generate_video(self: Task, job_id: str) -> None:
     """Render the shot description to frames and an MP4 (+ thumbnail) under the artifact dir."""
     rt = runtime(self.app)
     jid = uuid.UUID(job_id)
+    with failures.infra_retry(self, rt, jid, Stage.VIDEO):
+        _video_stage(self, rt, jid)
+
+
+def _video_stage(self: Task, rt: Runtime, jid: uuid.UUID) -> None:
     job = _enter_stage(rt, jid, Stage.VIDEO)
     if job is None:
         return
@@ -141,38 +119,41 @@ def generate_video(self: Task, job_id: str) -> None:
         steps=int(p.get("steps", s_.default_steps)),
         seed=p.get("seed"),
     )
+    run_request, model = degrade.apply(job, request, s_)
     watch = JobWatch(rt, jid, Stage.VIDEO, progress_from=TEXT_DONE_PROGRESS, progress_to=95)
     try:
-        generator = get_generator("video", rt.settings.video_model)
+        generator = get_generator("video", model)
         started = time.monotonic()
-        [result] = generator.generate([request], on_step=watch.on_step, should_cancel=watch.canceled)
+        [result] = generator.generate([run_request], on_step=watch.on_step, should_cancel=watch.canceled)
         if result.error is not None:
             raise result.error
         seconds = round(time.monotonic() - started, 3)
         relpath, size = artifacts.write_video(rt.artifact_dir, jid, result.frames, result.fps)
     except Exception as exc:
-        _handle_error(self, rt, jid, Stage.VIDEO, exc)
-        return
+        failures.handle(self, rt, job, Stage.VIDEO, exc, video_request=request)
     with transaction(rt.sessions) as s:
         done = states.complete_video(s, jid, relpath, size, seconds)
-    if not done:
+    if done or compensation.is_succeeded(rt, jid):
+        artifacts.sweep_temp(rt.artifact_dir, jid)  # leftovers of an attempt killed mid-write
+    else:
         # Canceled (or failed by the reaper) while rendering: the files are orphans now.
-        with transaction(rt.sessions) as s:
-            job = s.get(Job, jid)
-            if job is not None and job.status != JobStatus.SUCCEEDED:
-                artifacts.remove_job_dir(rt.artifact_dir, jid)
+        compensation.compensate_job(rt, jid)
 
 
 @shared_task(bind=True, name=names.COMPENSATE)
 def compensate(self: Task, job_id: str) -> None:
-    """Errback of the chain: fail the job if still active and remove partial artifacts (idempotent)."""
+    """Errback of the chain (and sent on cancel): fail the job if still active, then compensate.
+
+    Errbacks can fire more than once; compensate_job records and releases only once.
+    """
     rt = runtime(self.app)
     jid = uuid.UUID(job_id)
-    with transaction(rt.sessions) as s:
-        job = s.get(Job, jid)
-        if job is None:
-            return
-        states.fail(s, jid, "internal_error", "the pipeline failed unexpectedly", job.stage)
-        succeeded = job.status == JobStatus.SUCCEEDED
-    if not succeeded:
-        artifacts.remove_job_dir(rt.artifact_dir, jid)
+    with failures.infra_retry(self, rt, jid, None):
+        with rt.sessions() as s:
+            job = s.get(Job, jid)
+            if job is None:
+                return
+            stage = job.stage
+        compensation.fail_and_compensate(
+            rt, jid, "internal_error", "the pipeline failed unexpectedly", stage
+        )

@@ -27,18 +27,43 @@ def job_signature(app: Celery, job_id: uuid.UUID | str, modality: str, priority:
     return chain(text, video).on_error(errback)
 
 
-def publish_job(app: Celery, job_id: uuid.UUID | str, modality: str, priority: str) -> None:
+def stage_signature(
+    app: Celery, job_id: uuid.UUID | str, stage: str, modality: str, priority: str
+) -> Signature:
+    """The rest of the job from `stage` on (the reaper's re-enqueue), same fixed task ids."""
+    if stage != "video":
+        return job_signature(app, job_id, modality, priority)
+    jid = str(job_id)
+    video = app.signature(names.GENERATE_VIDEO, args=(jid,), immutable=True).set(
+        task_id=names.stage_task_id(jid, "video"), priority=broker_priority(priority, app.conf.broker_url)
+    )
+    return video.on_error(app.signature(names.COMPENSATE, args=(jid,), immutable=True))
+
+
+def publish_compensation(app: Celery, job_id: uuid.UUID | str) -> None:
+    """Ask a worker to compensate a canceled job; one quick try (the reaper catches a miss)."""
+    app.send_task(
+        names.COMPENSATE,
+        args=(str(job_id),),
+        task_id=names.stage_task_id(str(job_id), "compensate"),
+        retry=False,
+    )
+
+
+def publish_job(
+    app: Celery, job_id: uuid.UUID | str, modality: str, priority: str, stage: str = "text"
+) -> None:
     """Send the job's first stage; raises kombu/OS errors if the broker cannot take it in time.
 
     Bounded: broker_connection_timeout per try, two quick retries, so a broker outage
     becomes a 503 within seconds instead of a hung request.
     """
-    job_signature(app, job_id, modality, priority).apply_async(
+    stage_signature(app, job_id, stage, modality, priority).apply_async(
         retry=True,
         retry_policy={
             "max_retries": 2,
             "interval_start": 0,
             "interval_step": 0.2,
-            "interval_max": 0.5
+            "interval_max": 0.5,
         },
     )

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 
 from sqlalchemy import select
+from sqlalchemy.exc import OperationalError
 
 from models import Job, JobStatus, Stage, states
 from models.base import utcnow
 from models.db import transaction
 from tasks.runtime import Runtime
+
+log = logging.getLogger(__name__)
 
 
 class JobWatch:
@@ -37,8 +41,13 @@ class JobWatch:
         progress = self.lo + (self.hi - self.lo) * step // max(total, 1)
         at = utcnow()
         due = (at - self._last_event).total_seconds() >= self.rt.settings.webhook_progress_interval_s
-        with transaction(self.rt.sessions) as s:
-            moved = states.set_progress(s, self.job_id, self.stage, progress, event_at=at if due else None)
+        try:
+            with transaction(self.rt.sessions) as s:
+                event_at = at if due else None
+                moved = states.set_progress(s, self.job_id, self.stage, progress, event_at=event_at)
+        except OperationalError as exc:  # progress is advisory: a database blip must not kill the stage
+            log.warning("job %s progress not recorded: %s", self.job_id, type(exc).__name__)
+            return
         if moved and due:
             self._last_event = at
 
@@ -48,7 +57,10 @@ class JobWatch:
         if self._canceled or now - self._last_check < self.interval:
             return self._canceled
         self._last_check = now
-        with self.rt.sessions() as s:
-            status = s.execute(select(Job.status).where(Job.id == self.job_id)).scalar()
+        try:
+            with self.rt.sessions() as s:
+                status = s.execute(select(Job.status).where(Job.id == self.job_id)).scalar()
+        except OperationalError:  # unknown: keep going; the final transition is conditional anyway
+            return False
         self._canceled = status != JobStatus.RUNNING
         return self._canceled

@@ -31,6 +31,7 @@ TABLES = (
     "webhook_messages",
     "webhook_endpoints",
     "webhook_secrets",
+    "idempotency_keys",
     "job_events",
     "jobs",
     "api_keys",

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import importlib
 import logging
 import os
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -66,3 +68,12 @@ def get_generator(kind: str, spec: str) -> Any:
 def loaded() -> dict[tuple[str, str], Any]:
     """The adapters loaded in this process (for readiness reporting)."""
     return dict(_loaded)
+
+
+def release_memory() -> None:
+    """After an out-of-memory error or a soft time limit: drop garbage and cached device memory."""
+    gc.collect()
+    if "torch" in sys.modules:  # an echo-only worker never imports torch just to free nothing
+        from tasks.generators.device import free_memory
+
+        free_memory()

@@ -1,0 +1,141 @@
+"""What a stage does when something goes wrong: retry, degrade, fail once, or hand the message back."""
+
+from __future__ import annotations
+
+import logging
+import random
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import NoReturn
+
+import kombu.exceptions
+import sqlalchemy.exc
+from celery import Task
+from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
+
+from models import Job, Stage
+from models.db import transaction
+from models.recovery import degrade, record_retry
+from models.settings import Settings
+from tasks import compensation
+from tasks.generators.base import Canceled, GeneratorError, OutOfMemory, VideoRequest
+from tasks.generators.registry import release_memory
+from tasks.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+try:  # redis-py errors that kombu lets through unwrapped
+    import redis.exceptions as _redis
+
+    _REDIS_DOWN: tuple[type[BaseException], ...] = (_redis.ConnectionError, _redis.TimeoutError)
+except ImportError:  # pragma: no cover - an AMQP-only install
+    _REDIS_DOWN = ()
+
+# The database or the broker is down or overloaded: the work is fine, try it again later.
+INFRA_ERRORS: tuple[type[BaseException], ...] = (
+    sqlalchemy.exc.OperationalError,
+    sqlalchemy.exc.InterfaceError,
+    sqlalchemy.exc.TimeoutError,
+    sqlalchemy.exc.DisconnectionError,
+    kombu.exceptions.OperationalError,
+    ConnectionError,
+    TimeoutError,
+    *_REDIS_DOWN,
+)
+
+
+def is_infra(exc: BaseException) -> bool:
+    if isinstance(exc, INFRA_ERRORS):
+        return True
+    return isinstance(exc, sqlalchemy.exc.DBAPIError) and bool(exc.connection_invalidated)
+
+
+def backoff(base: float, cap: float, retries: int) -> float:
+    """Exponential backoff with jitter: uniform in [x/2, x], x = min(cap, base * 2**retries)."""
+    ceiling = min(cap, base * 2**retries)
+    return random.uniform(ceiling / 2, ceiling)
+
+
+def hard_limit(settings: Settings, stage: str | None) -> int:
+    return settings.video_time_limit_s if stage == Stage.VIDEO else settings.text_time_limit_s
+
+
+def _retry(task: Task, countdown: float, exc: BaseException) -> NoReturn:
+    """Publish the retry; if even that fails, hand the message back instead of dropping it."""
+    try:
+        raise task.retry(exc=exc, countdown=countdown, max_retries=task.request.retries + 1)
+    except Reject as rej:  # Celery rejects *without* requeue when the retry cannot be published
+        raise Reject(rej.reason, requeue=True) from exc
+
+
+@contextmanager
+def infra_retry(task: Task, rt: Runtime, job_id: uuid.UUID, stage: str | None) -> Iterator[None]:
+    """Around a whole task: database/broker outages become bounded retries with backoff."""
+    try:
+        yield
+    except (*INFRA_ERRORS, sqlalchemy.exc.DBAPIError) as exc:
+        if not is_infra(exc) or task.request.retries >= rt.settings.infra_max_retries:
+            raise  # the errback and, behind it, the reaper take over
+        s = rt.settings
+        countdown = backoff(s.infra_backoff_s, s.infra_backoff_max_s, task.request.retries)
+        log.warning(
+            "job %s %s: %s unavailable (%s); retry in %.1fs",
+            job_id, stage or "compensate", "database or broker", type(exc).__name__, countdown,
+        )  # fmt: skip
+        _retry(task, countdown, exc)
+
+
+def _classify(stage: Stage, exc: BaseException) -> tuple[str, str]:
+    if isinstance(exc, SoftTimeLimitExceeded):
+        return "timeout", f"{stage} stage exceeded its time limit"
+    if isinstance(exc, GeneratorError):
+        return exc.code, str(exc) or exc.code
+    log.error("%s stage failed unexpectedly", stage, exc_info=exc)
+    return "internal_error", f"{stage} stage failed unexpectedly"
+
+
+def handle(
+    task: Task,
+    rt: Runtime,
+    job: Job,
+    stage: Stage,
+    exc: BaseException,
+    video_request: VideoRequest | None = None,
+) -> NoReturn:
+    """Retry transient errors with backoff, degrade once if allowed, else fail and compensate once."""
+    job_id, settings = job.id, rt.settings
+    if is_infra(exc):
+        raise exc  # infra_retry's business
+    if isinstance(exc, Canceled):
+        # The cancel endpoint moved the job to canceled; drop what this stage wrote.
+        compensation.compensate_job(rt, job_id)
+        raise Ignore()
+    oom, timeout = isinstance(exc, OutOfMemory), isinstance(exc, SoftTimeLimitExceeded)
+    if oom or timeout:
+        release_memory()  # so the retry, or this worker's next task, fits
+    if stage == Stage.VIDEO and (oom or timeout) and video_request is not None:
+        from tasks.degrade import plan  # here: the degrade path is rare
+
+        record = plan(job, video_request, settings, "out_of_memory" if oom else "timeout")
+        if record is not None:
+            with transaction(rt.sessions) as s:
+                recorded = degrade(s, job_id, record)
+                data = {"attempt": job.attempts, "code": "degraded", "countdown": 0}
+                record_retry(s, job_id, stage, data, hard_limit(settings, stage) + settings.stage_grace_s)
+            if recorded:
+                log.warning("job %s video stage: %s; retrying degraded: %s", job_id, record["reason"], record)
+                _retry(task, 0, exc)
+    retryable = isinstance(exc, GeneratorError) and exc.retryable
+    if retryable and job.attempts <= settings.max_retries:
+        countdown = backoff(settings.retry_backoff_s, settings.retry_backoff_max_s, job.attempts - 1)
+        code = getattr(exc, "code", type(exc).__name__)
+        with transaction(rt.sessions) as s:
+            data = {"attempt": job.attempts, "code": code, "countdown": round(countdown, 3)}
+            deadline = countdown + hard_limit(settings, stage) + settings.stage_grace_s
+            record_retry(s, job_id, stage, data, deadline)
+        log.warning("job %s %s stage: %s; retry %d in %.2fs", job_id, stage, exc, job.attempts, countdown)
+        _retry(task, countdown, exc)
+    code, message = _classify(stage, exc)
+    compensation.fail_and_compensate(rt, job_id, code, message, stage)
+    raise Ignore()  # the job is failed and cleaned up: stop the chain, ack the message

@@ -1,0 +1,1 @@
+"""Test helpers: generators that misbehave on cue, worker subprocesses, throwaway brokers and databases."""

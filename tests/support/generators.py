@@ -1,0 +1,113 @@
+"""Adapters for failure tests, loaded by spec ("tests.support.generators:Class") like any model.
+
+Each one misbehaves in one way a real model can: fails transiently a few times, runs slowly
+token by token, runs out of memory above a size, costs time in proportion to its size, or
+kills its own process.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+from collections import Counter
+from collections.abc import Sequence
+
+from tasks.generators.base import (
+    CancelCheck,
+    Canceled,
+    OutOfMemory,
+    StepCallback,
+    TextRequest,
+    TextResult,
+    TransientGeneratorError,
+    VideoRequest,
+    VideoResult,
+)
+from tasks.generators.echo import EchoTextGenerator, EchoVideoGenerator
+
+_calls: Counter[str] = Counter()
+_lock = threading.Lock()
+FLAKY = re.compile(r"\[\[flaky:(\d+)\]\]")
+
+
+class FlakyText(EchoTextGenerator):
+    """A prompt with [[flaky:N]] fails transiently on its first N calls in this process."""
+
+    def generate(self, requests: Sequence[TextRequest], should_cancel: CancelCheck | None = None):
+        for req in requests:
+            m = FLAKY.search(req.prompt)
+            if m:
+                with _lock:
+                    _calls[req.prompt] += 1
+                    n = _calls[req.prompt]
+                if n <= int(m.group(1)):
+                    raise TransientGeneratorError(f"flaky: call {n} of {m.group(1)} fails")
+        return super().generate(requests, should_cancel)
+
+
+class SlowText(EchoTextGenerator):
+    """Emits one word per GENQUEUE_TEST_TOKEN_SECONDS (default 0.2), checking for cancel at each."""
+
+    def generate(self, requests: Sequence[TextRequest], should_cancel: CancelCheck | None = None):
+        delay = float(os.environ.get("GENQUEUE_TEST_TOKEN_SECONDS") or 0.2)
+        out = []
+        for req in requests:
+            words: list[str] = []
+            for word in req.prompt.split()[: req.max_new_tokens]:
+                if should_cancel is not None and should_cancel():
+                    raise Canceled("text generation canceled")
+                time.sleep(delay)
+                words.append(word)
+            out.append(TextResult(" ".join(words), len(words), delay * len(words)))
+        return out
+
+
+class SizeLimitedVideo(EchoVideoGenerator):
+    """Raises OutOfMemory (as a CUDA OOM maps to) above GENQUEUE_TEST_MAX_PIXELS (default 64*64)."""
+
+    def generate(
+        self,
+        requests: Sequence[VideoRequest],
+        on_step: StepCallback | None = None,
+        should_cancel: CancelCheck | None = None,
+    ) -> list[VideoResult]:
+        limit = int(os.environ.get("GENQUEUE_TEST_MAX_PIXELS") or 64 * 64)
+        for req in requests:
+            if req.width * req.height > limit:
+                raise OutOfMemory(f"test: {req.width}x{req.height} does not fit")
+        return super().generate(requests, on_step, should_cancel)
+
+
+class CostlyVideo(EchoVideoGenerator):
+    """Sleeps GENQUEUE_TEST_PIXEL_STEP_SECONDS per (64x64 pixels x step): cost follows size."""
+
+    def generate(
+        self,
+        requests: Sequence[VideoRequest],
+        on_step: StepCallback | None = None,
+        should_cancel: CancelCheck | None = None,
+    ) -> list[VideoResult]:
+        unit = float(os.environ.get("GENQUEUE_TEST_PIXEL_STEP_SECONDS") or 0.05)
+        for req in requests:
+            per_step = unit * req.width * req.height / (64 * 64)
+            for step in range(1, req.steps + 1):
+                time.sleep(per_step)
+                if on_step is not None:
+                    on_step(0, step, req.steps)
+        return super().generate(requests, None, should_cancel)
+
+
+class CrashingVideo(EchoVideoGenerator):
+    """A prompt with [[crash]] kills the process running it, as a segfault or the OOM killer would."""
+
+    def generate(
+        self,
+        requests: Sequence[VideoRequest],
+        on_step: StepCallback | None = None,
+        should_cancel: CancelCheck | None = None,
+    ) -> list[VideoResult]:
+        if any("[[crash]]" in req.prompt for req in requests):
+            os._exit(137)
+        return super().generate(requests, on_step, should_cancel)

@@ -1,0 +1,252 @@
+"""Real worker processes and throwaway Redis/Postgres/RabbitMQ resources for the kill and outage tests."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from models.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def wait_for(check: Callable[[], Any], timeout: float = 60, interval: float = 0.1, what: str = "") -> Any:
+    """Poll `check` until it returns something truthy; fail with `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or check}")
+        time.sleep(interval)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def worker_env(settings: Settings, **extra: Any) -> dict[str, str]:
+    """The environment a worker subprocess reads its Settings from."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GENQUEUE_")}
+    env |= {
+        "PYTHONPATH": str(ROOT),
+        "DATABASE_URL": settings.database_url,
+        "BROKER_URL": settings.broker_url,
+        "HF_HUB_OFFLINE": "1",
+    }
+    for field in (
+        "artifact_dir", "text_model", "video_model", "retry_backoff_s", "retry_backoff_max_s",
+        "progress_interval_s", "broker_visibility_timeout_s", "broker_restore_interval_s",
+        "max_retries", "max_stage_attempts", "infra_backoff_s", "infra_backoff_max_s",
+        "video_soft_time_limit_s", "video_time_limit_s",
+    ):  # fmt: skip
+        env[f"GENQUEUE_{field.upper()}"] = str(getattr(settings, field))
+    env |= {k: str(v) for k, v in extra.items()}
+    return env
+
+
+class Worker:
+    """`celery -A tasks.worker worker` as a subprocess, logging to a file."""
+
+    def __init__(
+        self,
+        env: dict[str, str],
+        queues: str,
+        log_dir: Path,
+        name: str = "w",
+        pool: str = "prefork",
+        concurrency: int = 1,
+    ) -> None:
+        self.env, self.queues, self.pool, self.concurrency = env, queues, pool, concurrency
+        self.name = f"{name}-{uuid.uuid4().hex[:6]}"
+        self.log = Path(log_dir) / f"{self.name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 90) -> Worker:
+        cmd = [
+            sys.executable, "-m", "celery", "-A", "tasks.worker", "worker", "-Q", self.queues,
+            "-P", self.pool, "-c", str(self.concurrency), "-n", f"{self.name}@%h", "-l", "INFO",
+            "--without-gossip", "--without-mingle",
+        ]  # fmt: skip
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT)
+        wait_for(self._ready, timeout, 0.2, f"worker {self.name} to start (log {self.log})")
+        return self
+
+    def _ready(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"worker {self.name} exited: {self.log_text()[-3000:]}")
+        return " ready." in self.log_text()
+
+    def log_text(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def pool_children(self) -> list[psutil.Process]:
+        return psutil.Process(self.pid).children()
+
+    def kill(self) -> None:
+        """SIGKILL the worker and its pool children at once: nothing gets to ack or restore."""
+        procs = [psutil.Process(self.pid), *self.pool_children()]
+        for p in procs:
+            p.send_signal(signal.SIGKILL)
+        psutil.wait_procs(procs, timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        children = self.pool_children()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        psutil.wait_procs(children, timeout=5)
+        for child in children:
+            if child.is_running():
+                child.kill()
+
+
+def _run_as_postgres(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[bytes]:
+    if os.geteuid() == 0:  # initdb and postgres refuse to run as root
+        cmd = ["runuser", "-u", "postgres", "--", *cmd]
+    return subprocess.run(cmd, check=True, capture_output=True, **kw)
+
+
+def pg_bin() -> Path | None:
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/pg_ctl"))
+    if found:
+        return found[-1].parent
+    exe = shutil.which("pg_ctl")
+    return Path(exe).parent if exe else None
+
+
+class RedisServer:
+    """A private redis-server on a free port, with an append-only file so a restart keeps the queues."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.port = free_port()
+        self.dir = Path(workdir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> RedisServer:
+        cmd = [
+            "redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+            "--appendonly", "yes", "--appendfsync", "always", "--dir", str(self.dir),
+        ]  # fmt: skip
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        import redis
+
+        client = redis.Redis(port=self.port, socket_connect_timeout=1)
+
+        def up() -> bool:
+            try:
+                return bool(client.ping())
+            except redis.exceptions.RedisError:
+                return False
+
+        wait_for(up, 30, 0.1, "redis-server to start")
+        client.close()
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()  # SIGTERM: redis flushes the append-only file and exits
+            self.proc.wait(timeout=30)
+
+
+class PostgresServer:
+    """A private Postgres cluster in a temp directory on a free port (pg_ctl)."""
+
+    def __init__(self) -> None:
+        self.bin = pg_bin()
+        self.port = free_port()
+        # Its own top-level temp dir: the postgres user must be able to reach it.
+        self.dir = Path(tempfile.mkdtemp(prefix="gq-pg-"))
+        self.data = self.dir / "data"
+
+    @property
+    def url(self) -> str:
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/genqueue"
+
+    def _ctl(self, *args: str) -> None:
+        assert self.bin is not None
+        _run_as_postgres([str(self.bin / "pg_ctl"), "-D", str(self.data), *args], timeout=120)
+
+    def init(self) -> PostgresServer:
+        assert self.bin is not None
+        if os.geteuid() == 0:
+            shutil.chown(self.dir, "postgres", "postgres")
+        _run_as_postgres(
+            [str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres", "-A", "trust", "--no-sync"],
+            timeout=120,
+        )
+        return self
+
+    def start(self) -> PostgresServer:
+        opts = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off"
+        self._ctl("-o", opts, "-l", str(self.dir / "pg.log"), "-w", "-t", "60", "start")
+        return self
+
+    def stop(self) -> None:
+        self._ctl("-m", "fast", "-w", "-t", "60", "stop")
+
+    def remove(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class RabbitVhost:
+    """A private vhost on the machine's RabbitMQ (guest), deleted afterwards."""
+
+    def __init__(self) -> None:
+        self.name = f"gq_test_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:5672/{self.name}"
+
+    def create(self) -> RabbitVhost:
+        subprocess.run(["rabbitmqctl", "add_vhost", self.name], check=True, capture_output=True, timeout=60)
+        subprocess.run(
+            ["rabbitmqctl", "set_permissions", "-p", self.name, "guest", ".*", ".*", ".*"],
+            check=True, capture_output=True, timeout=60,
+        )  # fmt: skip
+        return self
+
+    def delete(self) -> None:
+        subprocess.run(["rabbitmqctl", "delete_vhost", self.name], capture_output=True, timeout=60)
+
+
+def rabbitmq_available() -> bool:
+    if not shutil.which("rabbitmqctl"):
+        return False
+    try:
+        with socket.create_connection(("127.0.0.1", 5672), timeout=1):
+            return True
+    except OSError:
+        return False
