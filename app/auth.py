@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from flask import Flask, g, request
 from sqlalchemy import Select
@@ -60,9 +60,10 @@ def tenant_id() -> uuid.UUID:
     return current_principal().tenant_id  # type: ignore[no-any-return]
 
 
-def owned(stmt: _S) -> _S:
-    """Restrict a query on jobs to the caller's tenant: another tenant's job does not exist."""
-    return stmt.where(Job.tenant_id == tenant_id())
+def owned(stmt: _S, model: type[Any] = Job) -> _S:
+    """Restrict a query on jobs (or another model with a `tenant_id`) to the caller's tenant:
+    another tenant's rows do not exist."""
+    return stmt.where(model.tenant_id == tenant_id())
 
 
 def init_app(app: Flask) -> None:

@@ -36,7 +36,7 @@ def _distinct(events: list[str] | None) -> list[str] | None:
 
 
 class WebhookSubscription(_Strict):
-    """A job's own webhook: its events go to `url`, signed with the deployment's secret."""
+    """A job's own webhook: its events go to `url`, signed with its tenant's secret."""
 
     url: str = Field(min_length=1, max_length=ssrf.MAX_URL_CHARS, description="http(s) URL, public address.")
     events: list[EventType] | None = Field(

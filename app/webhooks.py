@@ -13,10 +13,12 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from app import services
+from app.auth import owned, tenant_id
 from app.errors import UNAVAILABLE, Conflict, NotFound, ValidationFailed
 from app.jobs import _json_body, _load
 from app.schemas import field_errors
 from app.webhook_schemas import EndpointCreate
+from models import Job
 from models.base import utcnow
 from models.db import transaction
 from models.webhook import (
@@ -102,18 +104,21 @@ def create_endpoint() -> tuple[Response, int, dict[str, str]]:
         req = EndpointCreate.model_validate(body, context={"settings": svc.settings})
     except ValidationError as exc:
         raise ValidationFailed("The webhook endpoint is invalid.", errors=field_errors(exc, body)) from None
-    ep = WebhookEndpoint(id=uuid.uuid4(), url=req.url, events=req.events, description=req.description)
+    ep = WebhookEndpoint(
+        id=uuid.uuid4(), tenant_id=tenant_id(), url=req.url, events=req.events, description=req.description
+    )
     with transaction(svc.sessions) as s:
         s.add(ep)
     return jsonify(endpoint_resource(ep)), 201, {"Location": f"/v1/webhooks/{ep.id}"}
 
 
 def _registered() -> Any:
-    # Registered endpoints only: a job's own webhook is managed through the job.
-    return select(WebhookEndpoint).where(
+    # The caller's registered endpoints only: a job's own webhook is managed through the job.
+    stmt = select(WebhookEndpoint).where(
         WebhookEndpoint.job_id.is_(None),
         (WebhookEndpoint.disabled_reason.is_(None)) | (WebhookEndpoint.disabled_reason != "deleted"),
     )
+    return owned(stmt, WebhookEndpoint)
 
 
 @bp.get("/webhooks")
@@ -143,8 +148,8 @@ def delete_endpoint(endpoint_id: str) -> tuple[str, int]:
 
 
 def _secret_resource(s: Any) -> dict[str, Any]:
-    cur = current_secret(s)
-    previous = [x for x in signing_secrets(s) if x != cur.secret]
+    cur = current_secret(s, tenant_id())
+    previous = [x for x in signing_secrets(s, tenant_id()) if x != cur.secret]
     return {
         "object": "webhook_secret",
         "secret": cur.secret,
@@ -166,7 +171,7 @@ def rotate() -> tuple[Response, int, dict[str, str]]:
     svc = services()
     try:
         with transaction(svc.sessions) as s:
-            _, old = rotate_secret(s, svc.settings.webhook_secret_grace_s)
+            _, old = rotate_secret(s, tenant_id(), svc.settings.webhook_secret_grace_s)
             body = _secret_resource(s) | {"previous_expires_at": _iso(old.expires_at)}
     except IntegrityError:
         raise Conflict("Another rotation happened at the same time; read the secret again.") from None
@@ -186,7 +191,9 @@ def redeliver(delivery_id: str) -> tuple[Response, int]:
     svc = services()
     did = _uuid(delivery_id, "webhook delivery")
     with transaction(svc.sessions) as s:
-        d = s.get(WebhookDelivery, did)
+        # Through its job: another tenant's delivery is as absent as a missing one.
+        stmt = select(WebhookDelivery).join(Job, Job.id == WebhookDelivery.job_id)
+        d = s.scalar(owned(stmt.where(WebhookDelivery.id == did)))
         if d is None:
             raise NotFound(f"No webhook delivery with id {delivery_id!r}.")
         if d.endpoint.disabled_at is not None:

@@ -104,7 +104,11 @@ def paths() -> dict[str, Any]:
     return {
         "/v1/webhooks": {
             "post": create,
-            "get": _op("listWebhookEndpoints", "List endpoints", {"200": _json("WebhookEndpointList", "")}),
+            "get": _op(
+                "listWebhookEndpoints",
+                "List the caller's endpoints",
+                {"200": _json("WebhookEndpointList", "")},
+            ),
         },
         "/v1/webhooks/{endpoint_id}": {
             "delete": _op(
@@ -115,12 +119,12 @@ def paths() -> dict[str, Any]:
             )
         },
         "/v1/webhooks/secret": {
-            "get": _op("getWebhookSecret", "The signing secret", {"200": _json("WebhookSecret", "")})
+            "get": _op("getWebhookSecret", "The caller's signing secret", {"200": _json("WebhookSecret", "")})
         },
         "/v1/webhooks/secret/rotate": {
             "post": _op(
                 "rotateWebhookSecret",
-                "Rotate the signing secret (both sign during the grace period)",
+                "Rotate the caller's signing secret (both sign during the grace period)",
                 {"200": _json("WebhookSecret", "The new secret"), **_problems(409)},
             )
         },

@@ -62,8 +62,8 @@ def job_from_snapshot(data: dict[str, Any]) -> Job:
 
 
 def record(session: Session, job: Job, ev: JobEvent) -> None:
-    """Queue `ev` for webhooks if the job has its own webhook or any endpoint is registered."""
-    if job.webhook is None and not any_registered_endpoint(session):
+    """Queue `ev` for webhooks if the job has its own webhook or its tenant registered an endpoint."""
+    if job.webhook is None and not any_registered_endpoint(session, job.tenant_id):
         return
     stamp = ev.created_at or utcnow()  # the event's time is the payload's timestamp
     message = WebhookMessage(event=ev, job_id=job.id, type=ev.type, snapshot=snapshot(job), created_at=stamp)

@@ -1,8 +1,7 @@
 """Webhook tables: the outbox of job events, endpoints, deliveries with their attempt log, signing secrets.
 
-Scope: endpoints and secrets belong to the deployment for now. Per-tenant scoping adds a
-`tenant_id` column to `webhook_endpoints` and `webhook_secrets` (unique with `generation`)
-and a filter in the query helpers at the bottom; nothing else depends on the scope.
+Scope: endpoints and secrets belong to a tenant. A registered endpoint receives the events
+of its tenant's jobs only, and every delivery is signed with the job's tenant's secrets.
 """
 
 from __future__ import annotations
@@ -79,11 +78,12 @@ class WebhookMessage(Base):
 
 
 class WebhookEndpoint(Base):
-    """A receiver: registered for every job (job_id NULL) or a job's own `webhook` (job_id set)."""
+    """A receiver: registered for every job of its tenant (job_id NULL) or a job's own `webhook`."""
 
     __tablename__ = "webhook_endpoints"
 
     id: Mapped[uuid.UUID] = mapped_column(Uuid, primary_key=True, default=uuid.uuid4)
+    tenant_id: Mapped[uuid.UUID] = mapped_column(Uuid, ForeignKey("tenants.id", ondelete="CASCADE"))
     job_id: Mapped[uuid.UUID | None] = mapped_column(
         Uuid, ForeignKey("jobs.id", ondelete="CASCADE"), unique=True
     )
@@ -93,6 +93,10 @@ class WebhookEndpoint(Base):
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     disabled_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     disabled_reason: Mapped[str | None] = mapped_column(String(64))
+
+    # Every event of every job asks whether its tenant has a registered endpoint (job_id NULL):
+    # one index probe, however many per-job endpoints the tenant has.
+    __table_args__ = (Index("ix_webhook_endpoints_tenant_job", "tenant_id", "job_id"),)
 
     def wants(self, event_type: str) -> bool:
         default = TERMINAL_EVENTS if self.job_id is not None else ALL_EVENTS
@@ -152,31 +156,42 @@ class WebhookAttempt(Base):
 
 
 class WebhookSecret(Base):
-    """Signing secrets by generation: the highest is current; a superseded one signs until expires_at."""
+    """A tenant's signing secrets by generation: the highest is current; an older one signs until expiry."""
 
     __tablename__ = "webhook_secrets"
 
     id: Mapped[int] = mapped_column(_BIGID, primary_key=True, autoincrement=True)
-    generation: Mapped[int] = mapped_column(Integer, unique=True)
+    tenant_id: Mapped[uuid.UUID] = mapped_column(Uuid, ForeignKey("tenants.id", ondelete="CASCADE"))
+    generation: Mapped[int] = mapped_column(Integer)
     secret: Mapped[str] = mapped_column(String(128))
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
     expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
+    # The unique pair also makes concurrent first uses and rotations of one tenant collide.
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "generation", name="uq_webhook_secrets_tenant_generation"),
+    )
+
     def __repr__(self) -> str:  # never the secret itself
-        return f"WebhookSecret(generation={self.generation})"
+        return f"WebhookSecret(tenant_id={self.tenant_id}, generation={self.generation})"
 
 
-def endpoints_for(job_id: uuid.UUID) -> Select[tuple[WebhookEndpoint]]:
-    """Live endpoints that may receive a job's events: its own, and every registered one."""
+def endpoints_for(job_id: uuid.UUID, tenant_id: uuid.UUID) -> Select[tuple[WebhookEndpoint]]:
+    """Live endpoints that may receive a job's events: its own, and every one its tenant registered."""
     return select(WebhookEndpoint).where(
-        or_(WebhookEndpoint.job_id == job_id, WebhookEndpoint.job_id.is_(None)),
+        or_(
+            WebhookEndpoint.job_id == job_id,
+            (WebhookEndpoint.job_id.is_(None)) & (WebhookEndpoint.tenant_id == tenant_id),
+        ),
         WebhookEndpoint.disabled_at.is_(None),
     )
 
 
-def any_registered_endpoint(session: Session) -> bool:
+def any_registered_endpoint(session: Session, tenant_id: uuid.UUID) -> bool:
     stmt = select(WebhookEndpoint.id).where(
-        WebhookEndpoint.job_id.is_(None), WebhookEndpoint.disabled_at.is_(None)
+        WebhookEndpoint.tenant_id == tenant_id,
+        WebhookEndpoint.job_id.is_(None),
+        WebhookEndpoint.disabled_at.is_(None),
     )
     return session.execute(stmt.limit(1)).first() is not None
 
@@ -185,47 +200,56 @@ def new_secret() -> str:
     return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
 
 
-def current_secret(session: Session) -> WebhookSecret:
-    """The newest secret, created on first use (a concurrent first use loses the race and re-reads)."""
-    stmt = select(WebhookSecret).order_by(WebhookSecret.generation.desc()).limit(1)
+def current_secret(session: Session, tenant_id: uuid.UUID) -> WebhookSecret:
+    """The tenant's newest secret, created on first use (a concurrent first use loses and re-reads)."""
+    stmt = (
+        select(WebhookSecret)
+        .where(WebhookSecret.tenant_id == tenant_id)
+        .order_by(WebhookSecret.generation.desc())
+        .limit(1)
+    )
     found = session.scalars(stmt).first()
     if found is not None:
         return found
     try:
         with session.begin_nested():
-            session.add(WebhookSecret(generation=1, secret=new_secret()))
+            session.add(WebhookSecret(tenant_id=tenant_id, generation=1, secret=new_secret()))
     except IntegrityError:
         pass
     return session.scalars(stmt).one()
 
 
-def signing_secrets(session: Session) -> list[str]:
-    """The current secret first, then a superseded one still inside its rotation grace period."""
+def signing_secrets(session: Session, tenant_id: uuid.UUID) -> list[str]:
+    """The tenant's current secret first, then a superseded one still inside its rotation grace period."""
     now = utcnow()
     rows = session.scalars(
         select(WebhookSecret)
+        .where(WebhookSecret.tenant_id == tenant_id)
         .where(or_(WebhookSecret.expires_at.is_(None), WebhookSecret.expires_at > now))
         .order_by(WebhookSecret.generation.desc())
         .limit(2)
     ).all()
-    return [r.secret for r in rows] or [current_secret(session).secret]
+    return [r.secret for r in rows] or [current_secret(session, tenant_id).secret]
 
 
-def rotate_secret(session: Session, grace_s: float) -> tuple[WebhookSecret, WebhookSecret]:
-    """Make a new current secret; the old one keeps signing for `grace_s`, any older stop now.
+def rotate_secret(
+    session: Session, tenant_id: uuid.UUID, grace_s: float
+) -> tuple[WebhookSecret, WebhookSecret]:
+    """Make a new current secret for the tenant; the old one keeps signing for `grace_s`, any older stop now.
 
-    Two concurrent rotations collide on the unique generation: the loser raises IntegrityError.
+    Two concurrent rotations of one tenant collide on (tenant_id, generation): the loser raises
+    IntegrityError.
     """
-    old = current_secret(session)
+    old = current_secret(session, tenant_id)
     now = utcnow()
     session.execute(
         update(WebhookSecret)
-        .where(WebhookSecret.generation < old.generation)
+        .where(WebhookSecret.tenant_id == tenant_id, WebhookSecret.generation < old.generation)
         .where(or_(WebhookSecret.expires_at.is_(None), WebhookSecret.expires_at > now))
         .values(expires_at=now)
     )
     old.expires_at = now + timedelta(seconds=grace_s)
-    new = WebhookSecret(generation=old.generation + 1, secret=new_secret())
+    new = WebhookSecret(tenant_id=tenant_id, generation=old.generation + 1, secret=new_secret())
     session.add(new)
     session.flush()
     return new, old

@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from models.base import utcnow
 from models.db import transaction
+from models.job import Job
 from models.outbox import job_from_snapshot
 from models.resource import job_resource
 from models.settings import Settings
@@ -99,14 +100,19 @@ def render(message: WebhookMessage, base_url: str) -> str:
     return json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
 
 
-def _job_endpoint(s: Session, job_id: uuid.UUID, snapshot: dict[str, object]) -> None:
+def _job_endpoint(s: Session, job_id: uuid.UUID, tenant_id: uuid.UUID, snapshot: dict[str, object]) -> None:
     """The job's own `webhook` becomes an endpoint row on first use (so 410 can disable it)."""
     hook = snapshot.get("webhook")
     if not isinstance(hook, dict) or not hook.get("url"):
         return
     if s.scalar(select(WebhookEndpoint.id).where(WebhookEndpoint.job_id == job_id)) is None:
-        s.add(WebhookEndpoint(job_id=job_id, url=hook["url"], events=hook.get("events")))
+        s.add(WebhookEndpoint(job_id=job_id, tenant_id=tenant_id, url=hook["url"], events=hook.get("events")))
         s.flush()
+
+
+def _tenant_of(s: Session, job_id: uuid.UUID) -> uuid.UUID | None:
+    """The job's tenant: whose endpoints receive its events and whose secrets sign them."""
+    return s.scalar(select(Job.tenant_id).where(Job.id == job_id))
 
 
 def fan_out(sessions: sessionmaker[Session], settings: Settings, job_id: uuid.UUID) -> int:
@@ -117,10 +123,11 @@ def fan_out(sessions: sessionmaker[Session], settings: Settings, job_id: uuid.UU
             .where(WebhookMessage.job_id == job_id, WebhookMessage.fanned_out_at.is_(None))
             .order_by(WebhookMessage.id)
         ).all()
-        if not messages:
+        tenant_id = _tenant_of(s, job_id)
+        if not messages or tenant_id is None:  # None: the job (and so its messages) was deleted
             return 0
-        _job_endpoint(s, job_id, messages[-1].snapshot)
-        endpoints = s.scalars(endpoints_for(job_id)).all()
+        _job_endpoint(s, job_id, tenant_id, messages[-1].snapshot)
+        endpoints = s.scalars(endpoints_for(job_id, tenant_id)).all()
         now, base, made = utcnow(), settings.public_base_url.rstrip("/"), 0
         for msg in messages:
             msg.body, msg.fanned_out_at = render(msg, base), now
@@ -231,12 +238,13 @@ def send_due(sessions: sessionmaker[Session], settings: Settings, job_id: uuid.U
         while True:
             with transaction(sessions) as s:
                 d = _next_due(s, job_id, utcnow())
-                if d is None:
+                tenant_id = _tenant_of(s, job_id)
+                if d is None or tenant_id is None:
                     return wake
                 s.refresh(d, ["endpoint", "message"])
                 delivery_id, url = d.id, d.endpoint.url
                 msg_id, body = d.message.webhook_id, d.message.body or ""
-                secrets = signing_secrets(s)
+                secrets = signing_secrets(s, tenant_id)
             started = utcnow()
             headers = webhook_send.signed_headers(secrets, msg_id, body)
             out = webhook_send.post(client, settings, url, body, headers)
