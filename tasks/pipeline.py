@@ -19,8 +19,8 @@ from celery.exceptions import Ignore, SoftTimeLimitExceeded
 from models import Job, JobStatus, Modality, Stage, states
 from models.db import transaction
 from tasks import artifacts, names
+from tasks.batching import run_batched
 from tasks.generators.base import Canceled, GeneratorError, TextRequest, VideoRequest
-from tasks.generators.registry import get_generator
 from tasks.runtime import Runtime, runtime
 from tasks.watch import JobWatch
 
@@ -102,9 +102,8 @@ def generate_text(self: Task, job_id: str) -> None:
     )
     watch = JobWatch(rt, jid, Stage.TEXT)
     try:
-        generator = get_generator("text", rt.settings.text_model)
         started = time.monotonic()
-        [result] = generator.generate([request], should_cancel=watch.canceled)
+        result = run_batched(self, rt.settings, request, should_cancel=watch.canceled)
         if result.error is not None:
             raise result.error
     except Exception as exc:
@@ -143,9 +142,8 @@ def generate_video(self: Task, job_id: str) -> None:
     )
     watch = JobWatch(rt, jid, Stage.VIDEO, progress_from=TEXT_DONE_PROGRESS, progress_to=95)
     try:
-        generator = get_generator("video", rt.settings.video_model)
         started = time.monotonic()
-        [result] = generator.generate([request], on_step=watch.on_step, should_cancel=watch.canceled)
+        result = run_batched(self, rt.settings, request, should_cancel=watch.canceled, on_step=watch.on_step)
         if result.error is not None:
             raise result.error
         seconds = round(time.monotonic() - started, 3)
