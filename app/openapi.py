@@ -59,7 +59,8 @@ class Job(_Doc):
     outputs: JobOutputs
     error: JobError | None
     attempts: int
-    cached: bool
+    cached: bool = Field(description="Answered from an identical earlier job, not computed again.")
+    source_job_id: str | None = Field(description="The identical job a cached one reused; else null.")
     timings: JobTimings
     metadata: dict[str, str]
 

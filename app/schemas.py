@@ -73,6 +73,11 @@ class JobCreateBase(Strict):
     prompt: str = Field(min_length=1, json_schema_extra={"maxLength": PROMPT_MAX_CHARS})
     priority: Literal["high", "normal", "low"] | None = "normal"
     metadata: dict[MetaKey, MetaValue] | None = Field(None, max_length=METADATA_MAX_KEYS)
+    cache: bool | None = Field(
+        True,
+        description="Reuse an identical job's result (same prompt, params with a given seed, models); "
+        "false always computes.",
+    )
 
     @field_validator("prompt")
     @classmethod

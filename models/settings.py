@@ -52,7 +52,7 @@ class Settings(BaseSettings):
     cache_version: str = "1"  # bump to invalidate every cached result (e.g. new weights, same name)
     queue_position_ttl_s: float = 1.0  # how long a process reuses its queued-jobs counts
     max_wait_s: int = 30  # upper bound of `Prefer: wait=N` on submit
-    max_waiters: int = 64  # concurrent `Prefer: wait` requests per web process; more answer at once
+    max_waiters: int = 4  # concurrent `Prefer: wait` requests per web process; more answer at once
 
     max_body_bytes: int = 64 * 1024
     prompt_max_chars: int = 4000

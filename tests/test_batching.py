@@ -190,7 +190,11 @@ def batching_worker(settings, sessions, broker):
 
     def start() -> Any:
         return start_worker(
-            app, pool="threads", concurrency=8, perform_ping_check=False, shutdown_timeout=30,
+            app,
+            pool="threads",
+            concurrency=8,
+            perform_ping_check=False,
+            shutdown_timeout=30,
             loglevel="WARNING",
         )
 
