@@ -183,7 +183,15 @@ def batching_worker(settings, sessions, broker):
     from tasks.celery_app import create_celery
 
     app = create_celery(
-        settings.model_copy(update={"text_model": f"{__name__}:RecordingText", "text_batch_max_size": 8}),
+        settings.model_copy(
+            # A generous max_wait: on a busy test machine messages trickle in, and this test is
+            # about grouping and isolation, not about the wait policy (unit-tested above).
+            update={
+                "text_model": f"{__name__}:RecordingText",
+                "text_batch_max_size": 8,
+                "text_batch_max_wait_ms": 3000,
+            }
+        ),
         set_as_current=False,
     )
     RecordingText.calls.clear()
