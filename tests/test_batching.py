@@ -247,3 +247,68 @@ def test_worker_batches_concurrent_jobs_and_isolates_failures(batching_worker, s
     assert (flaky.status, flaky.error_code) == ("failed", "transient_failure")
     assert flaky.attempts == 1 + 3  # its own retries: the first try plus max_retries
     assert max(len(c) for c in RecordingText.calls) >= 4, RecordingText.calls  # grouped, not one by one
+
+
+class RecordingVideo:
+    """A video adapter that records each call's prompts and reports every step of every request."""
+
+    name = "recording"
+    version = "recording@1"
+    device = "cpu"
+    calls: ClassVar[list[list[str]]] = []
+    steps: ClassVar[list[tuple[int, int]]] = []
+
+    def load(self) -> None:
+        pass
+
+    def generate(self, requests: Sequence[Any], on_step: Any = None, should_cancel: Any = None) -> list[Any]:
+        import numpy as np
+
+        from tasks.generators.base import VideoResult
+
+        RecordingVideo.calls.append([r.prompt for r in requests])
+        time.sleep(0.2)
+        for idx, req in enumerate(requests):
+            for step in range(1, req.steps + 1):
+                if on_step is not None:
+                    on_step(idx, step, req.steps)
+        return [
+            VideoResult(np.zeros((r.num_frames, r.height, r.width, 3), dtype=np.uint8), r.fps, 0.2)
+            for r in requests
+        ]
+
+
+def test_worker_batches_video_jobs_of_the_same_shape(settings, sessions, broker) -> None:
+    from celery.contrib.testing.worker import start_worker
+
+    import tasks.pipeline  # noqa: F401
+    from tasks import names
+    from tasks.celery_app import create_celery
+
+    app = create_celery(
+        settings.model_copy(
+            update={
+                "video_model": f"{__name__}:RecordingVideo",
+                "video_batch_max_size": 4,
+                "video_batch_max_wait_ms": 3000,
+            }
+        ),
+        set_as_current=False,
+    )
+    RecordingVideo.calls.clear()
+    shapes = {"small": {"width": 64, "height": 64}, "wide": {"width": 128, "height": 64}}
+    prompts = {"small a": "small", "small b": "small", "small c": "small", "wide a": "wide"}
+    ids = []
+    for prompt, shape in prompts.items():  # jobs whose text stage is done, waiting for video
+        params = {**shapes[shape], "num_frames": 1, "fps": 1, "steps": 2}
+        with transaction(sessions) as s:
+            job = Job(modality="video", prompt=prompt, params=params, status="running", stage="video",
+                      output_text=prompt)  # fmt: skip
+            s.add(job)
+        ids.append(job.id)
+        app.signature(names.GENERATE_VIDEO, args=(str(job.id),), immutable=True).apply_async()
+    with start_worker(app, pool="threads", concurrency=4, perform_ping_check=False, shutdown_timeout=30,
+                      loglevel="WARNING", queues=[names.VIDEO_QUEUE]):  # fmt: skip
+        jobs = _wait_all(sessions, ids)
+    assert all(j.status == "succeeded" and j.artifact_path for j in jobs.values())
+    assert sorted(sorted(c) for c in RecordingVideo.calls) == [["small a", "small b", "small c"], ["wide a"]]
