@@ -43,9 +43,9 @@ class Settings(BaseSettings):
 
     # Dynamic batching (tasks.batching): concurrent stage executions in one worker share a call.
     text_batch_max_size: int = 8  # 1 turns text batching off
-    text_batch_max_wait_ms: float = 50.0
+    text_batch_max_wait_ms: float = 200.0  # a lone job waits a quarter of it
     video_batch_max_size: int = 4  # same-shaped video requests only
-    video_batch_max_wait_ms: float = 50.0
+    video_batch_max_wait_ms: float = 200.0
 
     # Result cache (models.cache): identical seeded requests reuse a finished or running job.
     cache_enabled: bool = True

@@ -36,7 +36,7 @@ from tasks.generators.registry import get_generator
 
 log = logging.getLogger(__name__)
 
-CANCEL_POLL_S = 0.25  # how often a waiting caller checks its own job for a cancel
+CANCEL_POLL_S = 1.0  # how often a waiting caller checks its job for a cancel (GIL wake-ups cost the batch)
 BATCHED_TASKS = frozenset({names.GENERATE_TEXT, names.GENERATE_VIDEO})
 
 
