@@ -21,7 +21,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.batching import bench_env, worker
+try:  # run as a script (python bench/cache.py): its folder comes first on sys.path
+    from batching import bench_env, worker
+except ImportError:  # run as a module (python -m bench.cache)
+    from bench.batching import bench_env, worker
 
 
 def _post(client, prompt: str, seed: int, cache: bool = True) -> tuple[float, dict]:
