@@ -11,9 +11,9 @@ from datetime import datetime
 from pathlib import PurePosixPath
 from typing import Any
 
-from flask import Blueprint, Response, jsonify, request, send_from_directory
+from flask import Blueprint, Response, current_app, jsonify, request, send_from_directory
 from pydantic import ValidationError
-from sqlalchemy import case, delete, func, select, tuple_
+from sqlalchemy import delete, select, tuple_
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -30,9 +30,12 @@ from app.errors import (
     UnsupportedMediaType,
     ValidationFailed,
 )
+from app.queue import QueueCounts
 from app.schemas import ListQuery, complete_params, field_errors, parse_job
-from models import Job, JobStatus, states
+from app.waiting import Waiters, prefer_wait
+from models import Job, JobStatus, cache, states
 from models.db import transaction
+from models.job import TERMINAL
 from models.resource import job_resource
 from tasks.names import THUMBNAIL_NAME, stage_task_id
 from tasks.publish import publish_compensation, publish_job
@@ -41,7 +44,6 @@ log = logging.getLogger("genqueue.api")
 bp = Blueprint("jobs", __name__, url_prefix="/v1")
 
 VARIANTS = ("video", "text", "thumbnail")
-_RANK = {"high": 0, "normal": 1, "low": 2}
 
 
 def _job_id(raw: str) -> uuid.UUID:
@@ -59,16 +61,23 @@ def _load(session: Session, raw_id: str) -> Job:
     return job
 
 
+def _queue() -> QueueCounts:
+    ext = current_app.extensions
+    if "genqueue.queue" not in ext:
+        ext["genqueue.queue"] = QueueCounts(services().settings.queue_position_ttl_s)
+    return ext["genqueue.queue"]  # type: ignore[no-any-return]
+
+
+def _waiters() -> Waiters:
+    ext = current_app.extensions
+    if "genqueue.waiters" not in ext:
+        ext["genqueue.waiters"] = Waiters(services().sessions, services().settings.max_waiters)
+    return ext["genqueue.waiters"]  # type: ignore[no-any-return]
+
+
 def queue_positions(session: Session, jobs: list[Job]) -> dict[uuid.UUID, int]:
-    """1-based place of each queued job among all queued jobs, in the order workers take them."""
-    ids = [j.id for j in jobs if j.status == JobStatus.QUEUED]
-    if not ids:
-        return {}
-    rank = case(_RANK, value=Job.priority, else_=_RANK["normal"])
-    pos = func.row_number().over(order_by=(rank, Job.created_at, Job.id))
-    ranked = select(Job.id, pos.label("pos")).where(Job.status == JobStatus.QUEUED).subquery()
-    rows = session.execute(select(ranked.c.id, ranked.c.pos).where(ranked.c.id.in_(ids)))
-    return {row.id: int(row.pos) for row in rows}
+    """Approximate 1-based place of each queued job in the order workers take them (app.queue)."""
+    return _queue().positions(session, jobs)
 
 
 def _resource(session: Session, job: Job) -> dict[str, Any]:
@@ -108,6 +117,7 @@ def _json_body() -> Any:
 
 @bp.post("/jobs")
 def submit() -> tuple[Response, int, dict[str, str]]:
+    """O(1): one insert (plus one keyed select for a cacheable request), one publish, one update."""
     svc = services()
     body = _json_body()
     try:
@@ -134,9 +144,11 @@ def submit() -> tuple[Response, int, dict[str, str]]:
         progress=0,
         attempts=0,
     )
+    queue = _queue()
     try:
         with transaction(svc.sessions) as s:  # committed before publishing: a worker must find the row
-            s.add(job)
+            queue.totals(s)  # refreshed at most once per TTL, before this job is counted
+            _insert(s, req, job)
             if idem is not None:
                 s.flush()
                 idem.claim(s, job.id, svc.settings.idempotency_ttl_s)
@@ -150,11 +162,47 @@ def submit() -> tuple[Response, int, dict[str, str]]:
     except Exception:
         gate.release(who, job_id)
         raise
+    if job.cached and job.status in TERMINAL:
+        gate.release(who, job_id)  # answered from the cache: it holds no slot
+    elif not job.cached:
+        try:
+            _publish(job)
+        except Exception:
+            gate.release(who, job_id)
+            raise
+        queue.submitted(job.priority)
+    wait = prefer_wait(request.headers.get("Prefer"), svc.settings.max_wait_s)
+    if wait and job.status not in TERMINAL and _waiters().wait(job.id, wait):
+        with svc.sessions() as s:
+            job = s.get(Job, job.id) or job
+    base = svc.settings.public_base_url.rstrip("/")
+    position = queue.position_of_new(job) if job.status == JobStatus.QUEUED and not job.cached else None
+    status = 200 if job.status in TERMINAL else 202
+    return jsonify(job_resource(job, base, position)), status, {"Location": f"/v1/jobs/{job.id}"}
+
+
+def _insert(s: Session, req: Any, job: Job) -> None:
+    """Add the job, as a cached copy or follower of an identical one when there is one."""
+    settings = services().settings
+    seeded = req.params is not None and req.params.seed is not None  # the same seed, the same output
+    if not (settings.cache_enabled and req.cache is not False and seeded):
+        s.add(job)
+        return
+    key = cache.cache_key(settings, job.modality, job.prompt, job.params)
+    source = cache.find_source(s, key, services().artifact_dir, job.tenant_id)
+    if source is None:
+        job.cache_key = key
+        s.add(job)
+    else:
+        cache.attach(s, job, source)
+
+
+def _publish(job: Job) -> None:
+    svc = services()
     try:
         publish_job(svc.celery, job.id, job.modality, job.priority)
     except Exception as exc:
         _discard(job.id)  # nothing may stay queued forever without a message
-        gate.release(who, job_id)
         if isinstance(exc, UNAVAILABLE):
             raise ServiceUnavailable("The job queue is unavailable; the job was not accepted.") from exc
         raise
@@ -165,23 +213,24 @@ def submit() -> tuple[Response, int, dict[str, str]]:
     except Exception:
         # The message is out, so the job will run: still a success for the client.
         log.exception("job %s published but published_at not recorded", job.id)
-    return _accepted(job)
 
 
 def _accepted(job: Job, replayed: bool = False) -> tuple[Response, int, dict[str, str]]:
-    """202 with the job as it is now; a replay of an Idempotency-Key says so in a header."""
+    """The job as it is now (an Idempotency-Key replay); 200 once finished, else 202."""
     with services().sessions() as s:
         job = s.get(Job, job.id) or job
         resource = _resource(s, job)
     headers = {"Location": f"/v1/jobs/{job.id}"}
     if replayed:
         headers["Idempotent-Replayed"] = "true"
-    return jsonify(resource), 202, headers
+    return jsonify(resource), 200 if job.status in TERMINAL else 202, headers
 
 
 def _discard(job_id: uuid.UUID) -> None:
     try:
         with transaction(services().sessions) as s:
+            # Fails any identical job that attached to this one meanwhile, then removes it.
+            states.fail(s, job_id, "unavailable", "the job queue was unavailable", None)
             s.execute(delete(Job).where(Job.id == job_id))
     except Exception:
         log.exception("job %s not published and could not be deleted", job_id)
@@ -254,10 +303,19 @@ def cancel_job(job_id: str) -> Response:
             raise Conflict(
                 f"The job already {job.status}; it cannot be canceled.", extra={"job_status": job.status}
             )
+        # Identical jobs waiting on this one must not lose their computation with it.
+        heir = cache.promote_follower(s, jid) if canceled else None
         resource = _resource(s, job)
     if canceled:
         _revoke(str(jid))
         _request_compensation(jid)
+    if heir is not None:
+        try:
+            publish_job(svc.celery, heir.id, heir.modality, heir.priority)
+            with transaction(svc.sessions) as s:
+                states.mark_published(s, heir.id)
+        except Exception:  # the heir stays queued with no published_at: the reaper republishes it
+            log.exception("follower %s of canceled job %s could not be published", heir.id, jid)
     return jsonify(resource)
 
 

@@ -63,7 +63,8 @@ class Job(_Doc):
     degraded: dict[str, Any] | None = Field(
         description="Set when the video stage was retried at a lower cost: reason, from, to."
     )
-    cached: bool
+    cached: bool = Field(description="Answered from an identical earlier job, not computed again.")
+    source_job_id: str | None = Field(description="The identical job a cached one reused; else null.")
     timings: JobTimings
     metadata: dict[str, str]
 

@@ -76,6 +76,11 @@ class JobCreateBase(Strict):
     priority: Literal["high", "normal", "low"] | None = "normal"
     metadata: dict[MetaKey, MetaValue] | None = Field(None, max_length=METADATA_MAX_KEYS)
     webhook: WebhookSubscription | None = None
+    cache: bool | None = Field(
+        True,
+        description="Reuse an identical job's result (same prompt, params with a given seed, models); "
+        "false always computes.",
+    )
 
     @field_validator("prompt")
     @classmethod

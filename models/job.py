@@ -7,7 +7,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import BigInteger, Float, ForeignKey, Index, Integer, String, Text, Uuid
+from sqlalchemy import BigInteger, Boolean, Float, ForeignKey, Index, Integer, String, Text, Uuid, false
 from sqlalchemy.orm import Mapped, mapped_column
 
 from models.base import Base, JSONType, UTCDateTime, utcnow
@@ -81,6 +81,12 @@ class Job(Base):
     recoveries: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     degraded: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     compensated_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # Result cache (models.cache): set on jobs that compute; a cached job points at its source.
+    cache_key: Mapped[str | None] = mapped_column(String(64), index=True)
+    cached: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    source_job_id: Mapped[uuid.UUID | None] = mapped_column(
+        Uuid, ForeignKey("jobs.id", ondelete="SET NULL"), index=True
+    )
 
     __table_args__ = (
         # Listing is newest first with an id tie-break; status filter uses the same order.
@@ -91,6 +97,8 @@ class Job(Base):
         Index("ix_jobs_tenant_status", "tenant_id", "status"),
         Index("ix_jobs_completed_at", "completed_at"),
         Index("ix_jobs_status_deadline", "status", "deadline_at"),
+        # Queue position: queued jobs counted by priority and age, from the index alone.
+        Index("ix_jobs_status_priority_created", "status", "priority", "created_at"),
     )
 
 

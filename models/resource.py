@@ -46,7 +46,8 @@ def job_resource(job: Job, base_url: str = "", queue_position: int | None = None
         ),
         "attempts": job.attempts,
         "degraded": job.degraded,
-        "cached": False,
+        "cached": bool(job.cached),
+        "source_job_id": str(job.source_job_id) if job.source_job_id else None,
         "timings": {
             "created_at": _iso(job.created_at),
             "started_at": _iso(job.started_at),

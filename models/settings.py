@@ -67,6 +67,19 @@ class Settings(BaseSettings):
     webhook_relay_interval_s: float = 10.0
     webhook_relay_grace_s: float = 30.0  # how overdue work must be before the relay steps in
 
+    # Dynamic batching (tasks.batching): concurrent stage executions in one worker share a call.
+    text_batch_max_size: int = 8  # 1 turns text batching off
+    text_batch_max_wait_ms: float = 200.0  # a lone job waits a quarter of it
+    video_batch_max_size: int = 4  # same-shaped video requests only
+    video_batch_max_wait_ms: float = 200.0
+
+    # Result cache (models.cache): identical seeded requests reuse a finished or running job.
+    cache_enabled: bool = True
+    cache_version: str = "1"  # bump to invalidate every cached result (e.g. new weights, same name)
+    queue_position_ttl_s: float = 1.0  # how long a process reuses its queued-jobs counts
+    max_wait_s: int = 30  # upper bound of `Prefer: wait=N` on submit
+    max_waiters: int = 4  # concurrent `Prefer: wait` requests per web process; more answer at once
+
     max_body_bytes: int = 64 * 1024
     prompt_max_chars: int = 4000
     default_width: int = 256

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from models import outbox
 from models.base import utcnow
+from models.cache import settle_followers
 from models.job import ACTIVE, Job, JobEvent, JobStatus, Stage
 
 
@@ -102,7 +103,7 @@ def complete_text(
     where = and_(Job.status == JobStatus.RUNNING, Job.stage == Stage.TEXT)
     if final:
         values |= {"status": JobStatus.SUCCEEDED, "progress": 100, "completed_at": now}
-        return _transition(
+        done = _transition(
             session,
             job_id,
             where,
@@ -111,6 +112,9 @@ def complete_text(
             from_status=JobStatus.RUNNING,
             then=("job.succeeded",),
         )
+        if done:
+            settle_followers(session, job_id)  # identical jobs waiting on this one finish with it
+        return done
     values |= {"stage": Stage.VIDEO, "progress": progress, "attempts": 0}
     return _transition(session, job_id, where, values, "job.text.completed", from_status=JobStatus.RUNNING)
 
@@ -138,7 +142,7 @@ def set_progress(
 def complete_video(
     session: Session, job_id: uuid.UUID, artifact_path: str, artifact_bytes: int, seconds: float
 ) -> bool:
-    return _transition(
+    done = _transition(
         session,
         job_id,
         and_(Job.status == JobStatus.RUNNING, Job.stage == Stage.VIDEO),
@@ -153,11 +157,14 @@ def complete_video(
         "job.succeeded",
         from_status=JobStatus.RUNNING,
     )
+    if done:
+        settle_followers(session, job_id)  # identical jobs waiting on this one finish with it
+    return done
 
 
 def fail(session: Session, job_id: uuid.UUID, code: str, message: str, stage: str | None) -> bool:
-    """Any active job -> failed, recording where and why."""
-    return _transition(
+    """Any active job -> failed, recording where and why (and its cache followers with it)."""
+    failed = _transition(
         session,
         job_id,
         Job.status.in_(ACTIVE),
@@ -171,6 +178,9 @@ def fail(session: Session, job_id: uuid.UUID, code: str, message: str, stage: st
         "job.failed",
         event_data={"code": code, "stage": stage},
     )
+    if failed:
+        settle_followers(session, job_id)
+    return failed
 
 
 def cancel(session: Session, job_id: uuid.UUID) -> bool:

@@ -16,3 +16,8 @@ max_requests = 20000
 max_requests_jitter = 2000
 accesslog = os.environ.get("GUNICORN_ACCESS_LOG")  # off by default: it costs throughput
 errorlog = "-"
+
+# One pooled database connection per request thread (plus the Prefer: wait poller and a spare),
+# and at most half the threads held by `Prefer: wait` submits. Read by each worker's Settings.
+os.environ.setdefault("GENQUEUE_DB_POOL_SIZE", str(threads + 2))
+os.environ.setdefault("GENQUEUE_MAX_WAITERS", str(max(1, threads // 2)))

@@ -18,8 +18,8 @@ from models import Job, Modality, Stage, states
 from models.db import transaction
 from models.recovery import set_deadline
 from tasks import artifacts, compensation, degrade, failures, names
+from tasks.batching import run_batched
 from tasks.generators.base import TextRequest, VideoRequest
-from tasks.generators.registry import get_generator
 from tasks.runtime import Runtime, runtime
 from tasks.watch import JobWatch
 
@@ -74,9 +74,8 @@ def _text_stage(self: Task, rt: Runtime, jid: uuid.UUID) -> None:
     )
     watch = JobWatch(rt, jid, Stage.TEXT)
     try:
-        generator = get_generator("text", rt.settings.text_model)
         started = time.monotonic()
-        [result] = generator.generate([request], should_cancel=watch.canceled)
+        result = run_batched(self, rt.settings, request, should_cancel=watch.canceled)
         if result.error is not None:
             raise result.error
     except Exception as exc:
@@ -122,9 +121,10 @@ def _video_stage(self: Task, rt: Runtime, jid: uuid.UUID) -> None:
     run_request, model = degrade.apply(job, request, s_)
     watch = JobWatch(rt, jid, Stage.VIDEO, progress_from=TEXT_DONE_PROGRESS, progress_to=95)
     try:
-        generator = get_generator("video", model)
         started = time.monotonic()
-        [result] = generator.generate([run_request], on_step=watch.on_step, should_cancel=watch.canceled)
+        result = run_batched(
+            self, s_, run_request, should_cancel=watch.canceled, on_step=watch.on_step, model=model
+        )
         if result.error is not None:
             raise result.error
         seconds = round(time.monotonic() - started, 3)

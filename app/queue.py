@@ -1,0 +1,79 @@
+"""Approximate queue positions from index-only counts, with per-process caching of the totals."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Sequence
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, aliased
+
+from models import Job, JobStatus
+
+RANK = {"high": 0, "normal": 1, "low": 2}  # the order workers take them (broker priorities)
+
+
+class QueueCounts:
+    """Queued jobs per priority, re-counted at most every `ttl_s` seconds per process.
+
+    A position is (queued jobs of higher priority, from these totals) + (queued jobs of the
+    same priority created earlier, counted per request on ix_jobs_status_priority_created) + 1.
+    Between re-counts, submits through this process bump the totals, so they stay close.
+    """
+
+    def __init__(self, ttl_s: float) -> None:
+        self.ttl_s = ttl_s
+        self._lock = threading.Lock()
+        self._counts: dict[str, int] = {}
+        self._at = -float("inf")
+
+    def totals(self, session: Session) -> dict[str, int]:
+        with self._lock:
+            if time.monotonic() - self._at < self.ttl_s:
+                return dict(self._counts)
+        rows = session.execute(
+            select(Job.priority, func.count()).where(Job.status == JobStatus.QUEUED).group_by(Job.priority)
+        )
+        counts = {p: int(n) for p, n in rows}
+        with self._lock:
+            self._counts, self._at = counts, time.monotonic()
+        return counts
+
+    def submitted(self, priority: str) -> None:
+        with self._lock:
+            self._counts[priority] = self._counts.get(priority, 0) + 1
+
+    def positions(self, session: Session, jobs: Sequence[Job]) -> dict[uuid.UUID, int]:
+        """1-based approximate place of each queued, computing job; cached followers have none."""
+        queued = [j for j in jobs if j.status == JobStatus.QUEUED and not j.cached]
+        if not queued:
+            return {}
+        totals = self.totals(session)
+        ahead = aliased(Job)
+        same_older = (
+            select(func.count())
+            .where(
+                ahead.status == JobStatus.QUEUED,
+                ahead.priority == Job.priority,
+                ahead.created_at < Job.created_at,
+            )
+            .correlate(Job)
+            .scalar_subquery()
+        )
+        rows = session.execute(select(Job.id, same_older).where(Job.id.in_([j.id for j in queued])))
+        older = {jid: int(n) for jid, n in rows}
+        out = {}
+        for job in queued:
+            rank = RANK.get(job.priority, RANK["normal"])
+            higher = sum(n for p, n in totals.items() if RANK.get(p, RANK["normal"]) < rank)
+            out[job.id] = higher + older.get(job.id, 0) + 1
+        return out
+
+    def position_of_new(self, job: Job) -> int:
+        """A job just submitted is behind every queued job of its priority and above: no query."""
+        with self._lock:
+            counts = dict(self._counts)
+        rank = RANK.get(job.priority, RANK["normal"])
+        return sum(n for p, n in counts.items() if RANK.get(p, RANK["normal"]) <= rank)

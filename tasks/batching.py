@@ -1,0 +1,312 @@
+"""In-process dynamic batching: concurrent stage executions in one worker share one generate() call.
+
+A worker runs `-P threads -c N`: each of the N task executions keeps its own message, ack, retry
+and chain, and hands its request to the process-wide MicroBatcher of its model. One collector
+thread groups what is waiting (up to max_size requests of the same shape) and calls the adapter
+once; each caller gets its own result or error back. It waits at most max_wait after the first
+arrival, and leaves early once no started task is still on its way and arrivals have paused for
+max_wait/4 (so a lone job is not held the full max_wait).
+
+Time limits: the threads pool enforces none, so every request carries a deadline (task start +
+soft time limit). A caller stops waiting at its deadline and raises SoftTimeLimitExceeded (the
+pipeline records `timeout`); a request whose caller has gone is dropped before its batch starts,
+and a running batch stops once all its callers have gone. Under prefork the pool's own soft and
+hard limits still apply on top.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from celery import Task
+from celery.exceptions import SoftTimeLimitExceeded
+from celery.signals import task_postrun, task_prerun
+
+from models.settings import Settings
+from tasks import names
+from tasks.generators.base import CancelCheck, Canceled, StepCallback, TextRequest, VideoRequest
+from tasks.generators.registry import get_generator
+
+log = logging.getLogger(__name__)
+
+CANCEL_POLL_S = 1.0  # how often a waiting caller checks its job for a cancel (GIL wake-ups cost the batch)
+BATCHED_TASKS = frozenset({names.GENERATE_TEXT, names.GENERATE_VIDEO})
+
+
+@dataclass(eq=False)
+class Item:
+    """One caller's request while it waits in (or runs with) a batch."""
+
+    request: Any
+    deadline: float  # time.monotonic() after which the caller no longer waits
+    on_step: Callable[[int, int], None] | None = None  # (step, total) for this request only
+    enqueued: float = field(default_factory=time.monotonic)
+    done: threading.Event = field(default_factory=threading.Event)
+    result: Any = None
+    error: BaseException | None = None
+    abandoned: bool = False  # the caller stopped waiting (deadline or cancel)
+
+    def gone(self) -> bool:
+        return self.abandoned or time.monotonic() >= self.deadline
+
+
+# Runs one batch: results in item order; may raise for the whole call.
+RunBatch = Callable[[list[Item]], Sequence[Any]]
+
+
+class MicroBatcher:
+    """Collects requests from concurrent threads and runs them max_size at a time."""
+
+    def __init__(
+        self,
+        name: str,
+        run: RunBatch,
+        max_size: int,
+        max_wait_s: float,
+        key: Callable[[Any], Hashable] = lambda _req: None,
+    ) -> None:
+        self.name, self._run_batch, self._key = name, run, key
+        self.max_size, self.max_wait_s = max(1, max_size), max(0.0, max_wait_s)
+        self._cond = threading.Condition()
+        self._pending: list[Item] = []
+        self._coming = 0  # tasks that started and will submit soon: worth waiting for
+        self._thread: threading.Thread | None = None
+        self.sizes: Counter[int] = Counter()  # batch size -> number of calls (tests, benchmarks)
+
+    # -- callers ---------------------------------------------------------------------------------
+    def expect(self) -> None:
+        """A task that will submit a request has started (the collector may wait for it)."""
+        with self._cond:
+            self._coming += 1
+
+    def unexpect(self) -> None:
+        with self._cond:
+            self._coming = max(0, self._coming - 1)
+            self._cond.notify()
+
+    def submit(
+        self,
+        request: Any,
+        *,
+        deadline: float,
+        should_cancel: CancelCheck | None = None,
+        on_step: Callable[[int, int], None] | None = None,
+        expected: bool = False,
+    ) -> Any:
+        """Block until this request's result is ready; raises its own error, Canceled or a timeout."""
+        item = Item(request, deadline, on_step)
+        with self._cond:
+            if expected:
+                self._coming = max(0, self._coming - 1)
+            self._pending.append(item)
+            self._ensure_thread()
+            self._cond.notify()
+        while not item.done.is_set():
+            remaining = item.deadline - time.monotonic()
+            if remaining <= 0:
+                item.abandoned = True
+                raise SoftTimeLimitExceeded(f"{self.name}: deadline passed while waiting for the batch")
+            if item.done.wait(min(remaining, CANCEL_POLL_S)):
+                break
+            if should_cancel is not None and should_cancel():
+                item.abandoned = True
+                raise Canceled(f"{self.name}: job canceled while waiting for the batch")
+        if item.error is not None:
+            raise item.error
+        return item.result
+
+    # -- collector -------------------------------------------------------------------------------
+    def _ensure_thread(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._loop, name=f"batcher-{self.name}", daemon=True)
+            self._thread.start()
+
+    def _next_batch(self) -> list[Item]:
+        """Wait until a batch is worth running: full, nobody else coming, or max_wait passed."""
+        with self._cond:
+            while True:
+                for item in [i for i in self._pending if i.gone()]:
+                    self._pending.remove(item)
+                    item.done.set()  # its caller has already left with a timeout or cancel
+                if not self._pending:
+                    self._cond.wait()
+                    continue
+                first = self._pending[0]
+                key = self._key(first.request)
+                same = [i for i in self._pending if self._key(i.request) == key]
+                now = time.monotonic()
+                waited, quiet = now - first.enqueued, now - self._pending[-1].enqueued
+                # Full, or waited long enough, or nobody is on the way and arrivals have stopped.
+                settled = self._coming == 0 and quiet >= self.max_wait_s / 4
+                if len(same) >= self.max_size or waited >= self.max_wait_s or settled:
+                    batch = same[: self.max_size]
+                    for item in batch:
+                        self._pending.remove(item)
+                    return batch
+                wake = self.max_wait_s - waited
+                if self._coming == 0:
+                    wake = min(wake, self.max_wait_s / 4 - quiet)
+                self._cond.wait(max(wake, 0.001))
+
+    def _loop(self) -> None:
+        while True:
+            batch = self._next_batch()
+            try:
+                self._run(batch)
+            except BaseException as exc:  # the collector must outlive any one batch
+                log.exception("batcher %s: batch of %d failed", self.name, len(batch))
+                for item in batch:
+                    item.error = item.error or exc
+            finally:
+                for item in batch:
+                    item.done.set()
+
+    def _run(self, batch: list[Item]) -> None:
+        self.sizes[len(batch)] += 1
+        try:
+            results = self._run_batch(batch)
+        except Exception as exc:
+            if len(batch) == 1 or isinstance(exc, Canceled) or all(i.gone() for i in batch):
+                for item in batch:
+                    item.error = exc
+                return
+            # One request can sink a whole call (a bad input that raises, out of memory): run
+            # each alone so only the culprit fails and its batch-mates still get their results.
+            log.warning("batcher %s: batch of %d raised %r; running each alone", self.name, len(batch), exc)
+            for item in batch:
+                if not item.gone():
+                    self._run([item])
+                item.done.set()
+            return
+        for item, res in zip(batch, results, strict=True):
+            item.result = res
+
+
+# -- per-process batchers for the pipeline stages ------------------------------------------------
+
+_batchers: dict[tuple[str, str, int], MicroBatcher] = {}
+_lock = threading.Lock()
+_local = threading.local()  # the batcher this thread's running task announced itself to
+
+
+def _all_gone(batch: list[Item]) -> CancelCheck:
+    return lambda: all(i.gone() for i in batch)
+
+
+def _text_runner(spec: str) -> RunBatch:
+    def run(batch: list[Item]) -> Sequence[Any]:
+        gen = get_generator("text", spec)
+        return gen.generate([i.request for i in batch], should_cancel=_all_gone(batch))
+
+    return run
+
+
+def _video_runner(spec: str) -> RunBatch:
+    def run(batch: list[Item]) -> Sequence[Any]:
+        def on_step(index: int, step: int, total: int) -> None:
+            callback = batch[index].on_step
+            if callback is not None:
+                callback(step, total)
+
+        gen = get_generator("video", spec)
+        return gen.generate([i.request for i in batch], on_step=on_step, should_cancel=_all_gone(batch))
+
+    return run
+
+
+def _video_shape(req: VideoRequest) -> Hashable:
+    return (req.width, req.height, req.num_frames, req.steps, req.guidance_scale)
+
+
+def batcher_for(kind: str, settings: Settings, model: str | None = None) -> MicroBatcher:
+    """The batcher of this process for `model`, by default the configured one (created on first use)."""
+    spec = model or (settings.text_model if kind == "text" else settings.video_model)
+    key = (kind, spec, os.getpid())  # a forked child builds its own thread
+    with _lock:
+        b = _batchers.get(key)
+        if b is None:
+            if kind == "text":
+                b = MicroBatcher(
+                    f"text:{spec}",
+                    _text_runner(spec),
+                    settings.text_batch_max_size,
+                    settings.text_batch_max_wait_ms / 1000,
+                )
+            else:
+                b = MicroBatcher(
+                    f"video:{spec}",
+                    _video_runner(spec),
+                    settings.video_batch_max_size,
+                    settings.video_batch_max_wait_ms / 1000,
+                    key=_video_shape,
+                )
+            _batchers[key] = b
+        return b
+
+
+def _soft_limit(task: Task, settings: Settings, kind: str) -> float:
+    timelimit = getattr(task.request, "timelimit", None) or (None, None)
+    default = settings.text_soft_time_limit_s if kind == "text" else settings.video_soft_time_limit_s
+    return float(timelimit[1] or getattr(task, "soft_time_limit", None) or default)
+
+
+def run_batched(
+    task: Task,
+    settings: Settings,
+    request: TextRequest | VideoRequest,
+    should_cancel: CancelCheck | None = None,
+    on_step: StepCallback | None = None,
+    model: str | None = None,
+) -> Any:
+    """The stage's one result, computed in a batch with whatever else this worker is running.
+
+    `model` overrides the configured model (a degraded retry's fallback gets its own batcher).
+    """
+    kind = "text" if isinstance(request, TextRequest) else "video"
+    batcher = batcher_for(kind, settings, model)
+    started = getattr(_local, "started", None) or time.monotonic()
+    expected = getattr(_local, "batcher", None) is batcher
+    _local.batcher = None
+    step = (lambda s, t: on_step(0, s, t)) if on_step is not None else None
+    return batcher.submit(
+        request,
+        deadline=started + _soft_limit(task, settings, kind),
+        should_cancel=should_cancel,
+        on_step=step,
+        expected=expected,
+    )
+
+
+def _on_prerun(task: Any = None, **_: Any) -> None:
+    # Announce the coming request as early as possible, so a batch waits for tasks still
+    # reading their job instead of leaving without them.
+    _local.started = time.monotonic()
+    _local.batcher = None
+    name = getattr(task, "name", None)
+    if name not in BATCHED_TASKS:
+        return
+    settings: Settings | None = getattr(task.app.conf, "genqueue_settings", None)
+    if settings is None:
+        return
+    batcher = batcher_for("text" if name == names.GENERATE_TEXT else "video", settings)
+    batcher.expect()
+    _local.batcher = batcher
+
+
+def _on_postrun(**_: Any) -> None:
+    batcher = getattr(_local, "batcher", None)
+    if batcher is not None:  # the task ended without submitting (nothing to do, or an error)
+        batcher.unexpect()
+    _local.batcher = None
+    _local.started = None
+
+
+task_prerun.connect(_on_prerun, weak=False, dispatch_uid="genqueue-batching-prerun")
+task_postrun.connect(_on_postrun, weak=False, dispatch_uid="genqueue-batching-postrun")
