@@ -64,8 +64,13 @@ def wait_done(sessions: Any, jid: uuid.UUID, timeout: float = 60) -> Job:
 
 
 def events(sessions: Any, jid: uuid.UUID) -> list[str]:
+    """The job's events in order, without the throttled (timing-dependent) job.progress ones."""
     with sessions() as s:
-        q = select(JobEvent.type).where(JobEvent.job_id == jid).order_by(JobEvent.id)
+        q = (
+            select(JobEvent.type)
+            .where(JobEvent.job_id == jid, JobEvent.type != "job.progress")
+            .order_by(JobEvent.id)
+        )
         return list(s.scalars(q))
 
 
