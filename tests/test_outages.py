@@ -138,7 +138,8 @@ def _run_through_outage(settings, stack, outage: Callable[[Any], int]) -> None:
         api.extensions["genqueue"].engine.dispose()
 
 
-def test_redis_restart_during_200_jobs(settings, own_redis, stack):
+def test_redis_restart_during_200_jobs(settings, sessions, own_redis, stack):
+    # `sessions` empties the per-run database first: the counts below must see this run's jobs only.
     fast_restore = {"broker_visibility_timeout_s": 20, "broker_restore_interval_s": 1}
     s = settings.model_copy(update={"broker_url": own_redis.url, **fast_restore})
 
