@@ -270,6 +270,16 @@ def run_batched(
     `model` overrides the configured model (a degraded retry's fallback gets its own batcher).
     """
     kind = "text" if isinstance(request, TextRequest) else "video"
+    if threading.current_thread() is threading.main_thread():
+        # A prefork child or the solo pool runs one task per process: nobody to batch with, and
+        # the soft time limit (a signal to this thread) must interrupt generate() itself.
+        spec = model or (settings.text_model if kind == "text" else settings.video_model)
+        gen = get_generator(kind, spec)
+        if kind == "text":
+            [result] = gen.generate([request], should_cancel=should_cancel)
+        else:
+            [result] = gen.generate([request], on_step=on_step, should_cancel=should_cancel)
+        return result
     batcher = batcher_for(kind, settings, model)
     started = getattr(_local, "started", None) or time.monotonic()
     expected = getattr(_local, "batcher", None) is batcher
