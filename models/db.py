@@ -52,3 +52,13 @@ def transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
     """A session whose work commits on success and rolls back on any error."""
     with factory() as session, session.begin():
         yield session
+
+
+@contextmanager
+def read_only(factory: sessionmaker[Session]) -> Iterator[Session]:
+    """A session for reads only, in autocommit: each statement is one round trip, with no
+    BEGIN before it nor ROLLBACK after. Statements see what was committed when each began,
+    as they would in a READ COMMITTED transaction."""
+    with factory() as session:
+        session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+        yield session
