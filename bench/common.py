@@ -230,7 +230,10 @@ def gunicorn(app_spec: str, env: dict[str, str], probe: str = "/") -> Iterator[t
 
     port = free_port()
     env = python_env(HOST="127.0.0.1", PORT=str(port), **env)
-    args = [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "ops/gunicorn.conf.py"), app_spec]
+    # Worker recycling (max_requests) would restart a worker mid-measurement: the trivial app
+    # reaches the config's 20,000 requests within one run. Off for both apps alike.
+    config = str(ROOT / "ops/gunicorn.conf.py")
+    args = [sys.executable, "-m", "gunicorn", "-c", config, "--max-requests", "0", app_spec]
     base = f"http://127.0.0.1:{port}"
     with spawn(args, env, "gunicorn") as proc:
 
