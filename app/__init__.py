@@ -69,6 +69,7 @@ def create_app(
         pool_size=settings.db_pool_size,
         max_overflow=settings.db_max_overflow,
         connect_timeout=settings.db_connect_timeout_s,
+        pre_ping=settings.db_web_pre_ping,
     )
     app.extensions[EXTENSION] = Services(
         settings=settings,

@@ -12,6 +12,7 @@ from sqlalchemy import Select
 from app import services
 from app.errors import Unauthorized
 from models import Job
+from models.db import read_only
 from models.keys import Principal, authenticate
 
 log = logging.getLogger("genqueue.api")
@@ -40,7 +41,7 @@ def _authenticate() -> None:
         raise Unauthorized(
             "An API key is required: send 'Authorization: Bearer <key>'.", error=""
         )
-    with services().sessions() as s:
+    with read_only(services().sessions) as s:
         principal = authenticate(s, token)
     if principal is None:
         # Never the key itself in logs or answers: the prefix at most, and only if well formed.

@@ -34,7 +34,7 @@ from app.queue import QueueCounts
 from app.schemas import ListQuery, complete_params, field_errors, parse_job
 from app.waiting import Waiters, prefer_wait
 from models import Job, JobStatus, cache, states
-from models.db import transaction
+from models.db import read_only, transaction
 from models.job import TERMINAL
 from models.resource import job_resource
 from tasks.names import THUMBNAIL_NAME, stage_task_id
@@ -244,7 +244,7 @@ def _conditional(resp: Response) -> Response:
 
 @bp.get("/jobs/<job_id>")
 def get_job(job_id: str) -> Response:
-    with services().sessions() as s:
+    with read_only(services().sessions) as s:
         resource = _resource(s, _load(s, job_id))
     return _conditional(jsonify(resource))
 

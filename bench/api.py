@@ -11,9 +11,12 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from bench.common import (
+    NO_ADMISSION_LIMITS,
     Load,
     Process,
     Result,
+    auth_headers,
+    bench_key,
     cpu_seconds,
     gunicorn,
     machine,
@@ -31,7 +34,12 @@ JOB = {
 
 
 def _measure(
-    name: str, base: str, server: Process, path: Callable[[int], str] | None, args: argparse.Namespace
+    name: str,
+    base: str,
+    server: Process,
+    path: Callable[[int], str] | None,
+    args: argparse.Namespace,
+    headers: dict[str, str],
 ) -> Load:
     """Warm up, then load `base` for --duration: submits when `path` is None, else GETs of path(n)."""
     method, body = ("POST", JOB) if path is None else ("GET", None)
@@ -40,10 +48,10 @@ def _measure(
         return method, base + ("/v1/jobs" if path is None else path(n)), body
 
     if args.warmup > 0:
-        run_load(request, concurrency=args.concurrency, duration=args.warmup)
+        run_load(request, concurrency=args.concurrency, duration=args.warmup, headers=headers)
     workers = server.children()
     cpu = cpu_seconds(workers)
-    load = run_load(request, concurrency=args.concurrency, duration=args.duration)
+    load = run_load(request, concurrency=args.concurrency, duration=args.duration, headers=headers)
     load.server_cpu = cpu_seconds(workers) - cpu
     print(f"  {name:<28} {load.summary()}", flush=True)
     return load
@@ -54,7 +62,8 @@ def _truncate(db_url: str) -> None:
 
     engine = create_engine(db_url)
     with engine.begin() as conn:
-        conn.execute(text("TRUNCATE job_events, jobs"))
+        # CASCADE: idempotency keys, webhook deliveries and the like refer to jobs.
+        conn.execute(text("TRUNCATE job_events, jobs CASCADE"))
     engine.dispose()
 
 
@@ -83,22 +92,29 @@ class Servers:
     db_url: str
     genqueue_proc: Process
     trivial_proc: Process
+    headers: dict[str, str]  # Authorization for Genqueue; sent to the baseline too, alike
 
 
 @contextlib.contextmanager
 def servers(**env: str) -> Iterator[Servers]:
-    """Genqueue and the trivial app, each under ops/gunicorn.conf.py with the same extra `env`."""
+    """Genqueue and the trivial app, each under ops/gunicorn.conf.py with the same extra `env`.
+
+    Genqueue gets an API key whose plan has no rate limit or quota, and admission bounds it never
+    meets: the benchmark measures the submit and poll path, not the limiters' refusals.
+    """
     with (
         temp_database() as db_url,
         temp_redis_db() as redis_url,
         tempfile.TemporaryDirectory(prefix="gq-bench-") as artifacts,
     ):
         gq_env = {"DATABASE_URL": db_url, "BROKER_URL": redis_url, "GENQUEUE_ARTIFACT_DIR": artifacts}
+        gq_env |= NO_ADMISSION_LIMITS
+        headers = auth_headers(bench_key(db_url))
         with (
             gunicorn("app:create_app()", gq_env | env, probe="/v1/health") as (genqueue, gq_proc),
             gunicorn("bench.trivial_app:create_app()", env, probe="/v1/health") as (trivial, tr_proc),
         ):
-            yield Servers(genqueue, trivial, db_url, gq_proc, tr_proc)
+            yield Servers(genqueue, trivial, db_url, gq_proc, tr_proc, headers)
 
 
 def run(args: argparse.Namespace) -> list[Result]:
@@ -112,8 +128,8 @@ def run(args: argparse.Namespace) -> list[Result]:
         if "submit" in args.only:
             _truncate(db_url)
             print("POST /v1/jobs (empty queue at start, no worker: the backlog grows)")
-            base = _measure("trivial POST", trivial, srv.trivial_proc, None, args)
-            gq = _measure("genqueue POST /v1/jobs", genqueue, srv.genqueue_proc, None, args)
+            base = _measure("trivial POST", trivial, srv.trivial_proc, None, args, srv.headers)
+            gq = _measure("genqueue POST /v1/jobs", genqueue, srv.genqueue_proc, None, args, srv.headers)
             results += [
                 Result("submit", "throughput", gq.rate, base.rate, "req/s", ">= 1000 req/s"),
                 Result("submit", "p50 latency", gq.p(50), base.p(50), "ms", higher_is_better=False),
@@ -129,8 +145,8 @@ def run(args: argparse.Namespace) -> list[Result]:
             def path(_n: int) -> str:
                 return f"/v1/jobs/{rng.choice(ids)}"
 
-            base = _measure("trivial GET", trivial, srv.trivial_proc, path, args)
-            gq = _measure("genqueue GET /v1/jobs/{id}", genqueue, srv.genqueue_proc, path, args)
+            base = _measure("trivial GET", trivial, srv.trivial_proc, path, args, srv.headers)
+            gq = _measure("genqueue GET /v1/jobs/{id}", genqueue, srv.genqueue_proc, path, args, srv.headers)
             results += [
                 Result("poll", "throughput", gq.rate, base.rate, "req/s"),
                 Result("poll", "p50 latency", gq.p(50), base.p(50), "ms", higher_is_better=False),

@@ -128,6 +128,42 @@ def temp_redis_db() -> Iterator[str]:
         leases.delete(LEASE_KEY.format(n))
 
 
+# Admission bounds high enough that no throughput benchmark ever meets them (bench/overload.py
+# sets its own low ones on purpose): a benchmark measures the path, not the 503 shortcut.
+NO_ADMISSION_LIMITS = {
+    "GENQUEUE_ADMISSION_MAX_TEXT_BACKLOG": str(10**9),
+    "GENQUEUE_ADMISSION_MAX_VIDEO_BACKLOG": str(10**9),
+    "GENQUEUE_ADMISSION_MAX_WAIT_S": "0",
+}
+# A plan with no practical rate limit or quota, for the tenant a throughput benchmark acts as.
+UNLIMITED_PLAN = {"rate_limit": "100000000/second", "max_active_jobs": 10**9}
+
+
+def bench_key(db_url: str, tenant: str | None = None) -> str:
+    """A fresh API key in the benchmark's database whose tenant's plan has no practical limits.
+
+    By default the key is the default tenant's: rows a benchmark inserts directly (no tenant_id)
+    belong to it, so its pollers may read them.
+    """
+    from models.db import make_engine, make_session_factory, transaction
+    from models.keys import create_key, set_plan
+    from models.tenant import DEFAULT_TENANT_NAME
+
+    tenant = tenant or DEFAULT_TENANT_NAME
+
+    engine = make_engine(db_url, pool_size=1)
+    try:
+        with transaction(make_session_factory(engine)) as s:
+            set_plan(s, tenant, UNLIMITED_PLAN)
+            return create_key(s, tenant)[1]
+    finally:
+        engine.dispose()
+
+
+def auth_headers(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
 def python_env(**extra: str) -> dict[str, str]:
     """The environment for a child process that imports this checkout."""
     env = dict(os.environ)
@@ -194,7 +230,10 @@ def gunicorn(app_spec: str, env: dict[str, str], probe: str = "/") -> Iterator[t
 
     port = free_port()
     env = python_env(HOST="127.0.0.1", PORT=str(port), **env)
-    args = [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "ops/gunicorn.conf.py"), app_spec]
+    # Worker recycling (max_requests) would restart a worker mid-measurement: the trivial app
+    # reaches the config's 20,000 requests within one run. Off for both apps alike.
+    config = str(ROOT / "ops/gunicorn.conf.py")
+    args = [sys.executable, "-m", "gunicorn", "-c", config, "--max-requests", "0", app_spec]
     base = f"http://127.0.0.1:{port}"
     with spawn(args, env, "gunicorn") as proc:
 
@@ -258,7 +297,12 @@ RequestFactory = Callable[[int], tuple[str, str, Any]]
 
 
 async def _load(
-    make: RequestFactory, concurrency: int, duration: float | None, requests: int | None, ok: set[int]
+    make: RequestFactory,
+    concurrency: int,
+    duration: float | None,
+    requests: int | None,
+    ok: set[int],
+    headers: dict[str, str] | None,
 ) -> Load:
     import aiohttp
 
@@ -267,7 +311,7 @@ async def _load(
     deadline = time.monotonic() + duration if duration is not None else float("inf")
     connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)
     timeout = aiohttp.ClientTimeout(total=30)
-    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=headers) as session:
 
         async def client() -> None:
             while time.monotonic() < deadline:
@@ -302,8 +346,12 @@ def run_load(
     duration: float | None = None,
     requests: int | None = None,
     ok: set[int] | None = None,
+    headers: dict[str, str] | None = None,
 ) -> Load:
-    """Closed-loop load: `concurrency` keep-alive connections, each sending its next request at once."""
+    """Closed-loop load: `concurrency` keep-alive connections, each sending its next request at once.
+
+    `headers` go with every request (e.g. `auth_headers(key)`).
+    """
     if duration is None and requests is None:
         raise ValueError("give a duration or a request count")
-    return asyncio.run(_load(make, concurrency, duration, requests, ok or {200, 201, 202}))
+    return asyncio.run(_load(make, concurrency, duration, requests, ok or {200, 201, 202}, headers))

@@ -27,7 +27,9 @@ def _python_procs(proc: Process) -> list[psutil.Process]:
     return [p for p in procs if "python" in p.name() or "celery" in " ".join(p.cmdline())]
 
 
-def _web(name: str, base: str, server: Process, job_id: str, args: argparse.Namespace) -> float:
+def _web(
+    name: str, base: str, server: Process, job_id: str, args: argparse.Namespace, headers: dict[str, str]
+) -> float:
     """KB of RSS growth per 1000 requests (half submits, half status reads) after a warm-up."""
     workers = server.children()
     assert len(workers) == 1, f"expected one gunicorn worker, found {len(workers)}"
@@ -35,9 +37,9 @@ def _web(name: str, base: str, server: Process, job_id: str, args: argparse.Name
     def request(n: int) -> tuple[str, str, object]:
         return ("POST", base + "/v1/jobs", JOB) if n % 2 else ("GET", f"{base}/v1/jobs/{job_id}", None)
 
-    run_load(request, concurrency=args.connections, requests=args.warmup_requests)
+    run_load(request, concurrency=args.connections, requests=args.warmup_requests, headers=headers)
     before = rss_mb(workers)
-    load = run_load(request, concurrency=args.connections, requests=args.requests)
+    load = run_load(request, concurrency=args.connections, requests=args.requests, headers=headers)
     after = rss_mb(workers)
     per_k = (after - before) * 1024 / (args.requests / 1000)
     print(f"  {name:<9} worker RSS {before:.1f} -> {after:.1f} MB over {args.requests} requests "
@@ -68,11 +70,12 @@ def run(args: argparse.Namespace) -> list[Result]:
     if "web" in args.only:
         # One worker, so every request lands in the process being measured.
         with servers(WEB_CONCURRENCY="1") as srv:
-            first = run_load(lambda _n: ("POST", srv.genqueue + "/v1/jobs", JOB), requests=1, concurrency=1)
-            assert first.latencies, "could not submit the job the readers ask about"
+            first = run_load(lambda _n: ("POST", srv.genqueue + "/v1/jobs", JOB), requests=1, concurrency=1,
+                             headers=srv.headers)
+            assert first.latencies, f"could not submit the job the readers ask about: {first.statuses}"
             job_id = _first_job(srv.db_url)
-            base = _web("trivial", srv.trivial, srv.trivial_proc, job_id, args)
-            gq = _web("genqueue", srv.genqueue, srv.genqueue_proc, job_id, args)
+            base = _web("trivial", srv.trivial, srv.trivial_proc, job_id, args, srv.headers)
+            gq = _web("genqueue", srv.genqueue, srv.genqueue_proc, job_id, args, srv.headers)
         goal = "< 1024 KB per 1000 requests"
         results.append(Result("memory", "web RSS growth/1k req", gq, base, "KB", goal, False))
     if "worker" in args.only:

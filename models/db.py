@@ -10,8 +10,16 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 
-def make_engine(url: str, *, pool_size: int = 10, max_overflow: int = 10, connect_timeout: int = 3) -> Engine:
-    """One engine per process; pool sized for the threads that share it."""
+def make_engine(
+    url: str, *, pool_size: int = 10, max_overflow: int = 10, connect_timeout: int = 3, pre_ping: bool = True
+) -> Engine:
+    """One engine per process; pool sized for the threads that share it.
+
+    `pre_ping` tests every connection on checkout (a round trip each) so no caller ever sees a
+    connection that died with a Postgres restart. Without it the first statement on a dead
+    connection fails (the caller's error handling applies) and invalidates the whole pool, so
+    each process loses one request per restart and reconnects on the next.
+    """
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
 
@@ -29,7 +37,7 @@ def make_engine(url: str, *, pool_size: int = 10, max_overflow: int = 10, connec
         url,
         pool_size=pool_size,
         max_overflow=max_overflow,
-        pool_pre_ping=True,  # survive a Postgres restart without a process restart
+        pool_pre_ping=pre_ping,
         pool_timeout=connect_timeout,
         connect_args={"connect_timeout": connect_timeout},
     )
@@ -43,4 +51,14 @@ def make_session_factory(engine: Engine) -> sessionmaker[Session]:
 def transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
     """A session whose work commits on success and rolls back on any error."""
     with factory() as session, session.begin():
+        yield session
+
+
+@contextmanager
+def read_only(factory: sessionmaker[Session]) -> Iterator[Session]:
+    """A session for reads only, in autocommit: each statement is one round trip, with no
+    BEGIN before it nor ROLLBACK after. Statements see what was committed when each began,
+    as they would in a READ COMMITTED transaction."""
+    with factory() as session:
+        session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
         yield session
