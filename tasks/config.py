@@ -41,6 +41,9 @@ def celery_config(s: Settings) -> dict[str, Any]:
             # interval * throttle seconds (100 s by default): one knob, no throttle.
             "unacked_restore_interval": s.broker_restore_interval_s,
             "unacked_restore_throttle": 1,
+            # The restore scan's lock: a worker killed (or a Redis restarted) while holding it
+            # would block every restore for kombu's default 300 s.
+            "unacked_mutex_expire": 60,
         }
     elif s.broker_url.startswith("memory"):
         transport = {"polling_interval": 0.01}  # in-process broker: poll fast, it costs nothing

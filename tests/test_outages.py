@@ -60,6 +60,7 @@ def stack(tmp_path) -> Iterator[Callable[..., Any]]:
     procs: list[Any] = []
 
     def start(settings) -> None:
+        start.logs = tmp_path  # type: ignore[attr-defined]
         env = worker_env(
             settings,
             GENQUEUE_INFRA_BACKOFF_S="0.5",
@@ -101,6 +102,19 @@ def _quick_503(client, method: str, path: str, **kw: Any) -> None:
     assert elapsed < 15, f"{method} {path} took {elapsed:.1f}s to fail"
 
 
+def _explain(sessions: sessionmaker[Session], logs: Any) -> None:
+    """On a timeout: where the unfinished jobs are, and the end of every process log."""
+    with sessions() as s:
+        rows = s.execute(
+            select(Job.status, Job.stage, Job.attempts, Job.recoveries, func.count())
+            .where(Job.status != "succeeded")
+            .group_by(Job.status, Job.stage, Job.attempts, Job.recoveries)
+        ).all()
+    print("unfinished (status, stage, attempts, recoveries, count):", rows)
+    for log in sorted(logs.glob("*.log")):
+        print(f"--- {log.name}\n" + "\n".join(log.read_text(errors="replace").splitlines()[-40:]))
+
+
 def _run_through_outage(settings, stack, outage: Callable[[Any], int]) -> None:
     """Submit N jobs, cause the outage mid-run; `outage` returns how many jobs it submitted itself."""
     settings = settings.model_copy(update={"plan_rate_limit": "100000/second"})  # submit at full speed
@@ -111,6 +125,7 @@ def _run_through_outage(settings, stack, outage: Callable[[Any], int]) -> None:
     client = api.test_client()
     try:
         stack(settings)
+        logs = stack.logs  # type: ignore[attr-defined]
         ids = []
         for i in range(N):
             resp = client.post("/v1/jobs", json={"prompt": f"job {i}", "modality": "video", "params": TINY})
@@ -119,7 +134,11 @@ def _run_through_outage(settings, stack, outage: Callable[[Any], int]) -> None:
         wait_for(lambda: _counts(sessions).get("succeeded", 0) >= 20, 180, 0.2, "the run to get going")
         assert _counts(sessions).get("succeeded", 0) < N, "the outage must hit a run in progress"
         total = N + outage(client)
-        wait_for(lambda: _counts(sessions).get("succeeded", 0) == total, 600, 0.5, "every job to succeed")
+        try:
+            wait_for(lambda: _counts(sessions).get("succeeded", 0) == total, 420, 0.5, "every job to succeed")
+        except AssertionError:
+            _explain(sessions, logs)
+            raise
         with sessions() as s:
             assert s.scalar(select(func.count()).select_from(Job)) == total  # nothing duplicated
             per_job = dict(
