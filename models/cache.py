@@ -54,7 +54,8 @@ def spec_version(spec: str) -> str:
 
 def model_versions(settings: Settings, modality: str) -> str:
     """Everything about the models a job of this modality runs through that can change its output."""
-    parts = [f"text={settings.text_model}@{spec_version(settings.text_model)}"]
+    # The dtype setting too: bf16 and float32 weights give slightly different texts.
+    parts = [f"text={settings.text_model}@{spec_version(settings.text_model)}/{settings.text_dtype}"]
     kinds = ["text"]
     if modality == Modality.VIDEO:
         parts.append(f"video={settings.video_model}@{spec_version(settings.video_model)}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -25,6 +26,8 @@ class Settings(BaseSettings):
 
     text_model: str = "smollm2"  # registered name or a local transformers directory
     video_model: str = "wan-tiny"  # registered name or a local diffusers directory
+    # auto: bf16 on CUDA, float32 on CPU; bfloat16 on an AMX CPU batches faster (docs/BENCHMARKS.md).
+    text_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     worker_preload: str = ""  # "text", "video" or "text,video": load at worker start, not first task
 
     db_pool_size: int = 10

@@ -200,9 +200,9 @@ def _all_gone(batch: list[Item]) -> CancelCheck:
     return lambda: all(i.gone() for i in batch)
 
 
-def _text_runner(spec: str) -> RunBatch:
+def _text_runner(spec: str, dtype: str) -> RunBatch:
     def run(batch: list[Item]) -> Sequence[Any]:
-        gen = get_generator("text", spec)
+        gen = get_generator("text", spec, dtype)
         return gen.generate([i.request for i in batch], should_cancel=_all_gone(batch))
 
     return run
@@ -235,7 +235,7 @@ def batcher_for(kind: str, settings: Settings, model: str | None = None) -> Micr
             if kind == "text":
                 b = MicroBatcher(
                     f"text:{spec}",
-                    _text_runner(spec),
+                    _text_runner(spec, settings.text_dtype),
                     settings.text_batch_max_size,
                     settings.text_batch_max_wait_ms / 1000,
                 )
@@ -274,7 +274,7 @@ def run_batched(
         # A prefork child or the solo pool runs one task per process: nobody to batch with, and
         # the soft time limit (a signal to this thread) must interrupt generate() itself.
         spec = model or (settings.text_model if kind == "text" else settings.video_model)
-        gen = get_generator(kind, spec)
+        gen = get_generator(kind, spec, settings.text_dtype if kind == "text" else "auto")
         if kind == "text":
             [result] = gen.generate([request], should_cancel=should_cancel)
         else:

@@ -20,7 +20,7 @@ def preload_models(settings: Settings) -> list[str]:
     loaded = []
     for kind in filter(None, (k.strip() for k in settings.worker_preload.split(","))):
         spec = settings.text_model if kind == "text" else settings.video_model
-        gen = get_generator(kind, spec)
+        gen = get_generator(kind, spec, settings.text_dtype if kind == "text" else "auto")
         loaded.append(f"{kind}={spec}@{getattr(gen, 'device', '?')}")
     return loaded
 

@@ -168,6 +168,10 @@ def test_device_helpers() -> None:
     device, dtype = pick_device()
     if not torch.cuda.is_available():
         assert (device, dtype) == ("cpu", torch.float32)
+    assert pick_device("float32")[1] == torch.float32  # an explicit dtype wins, on CUDA too
+    assert pick_device("bfloat16")[1] == torch.bfloat16
+    with pytest.raises(ValueError, match="unknown dtype"):
+        pick_device("fp8")
     with pytest.raises(OutOfMemory) as exc, map_oom():
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
     assert exc.value.retryable

@@ -91,11 +91,11 @@ class CausalLMGenerator:
     max_prompt_tokens = 2048
     cancel_check_interval_s = 0.2
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, dtype: str = "auto"):
         self.path = path
         self.name = os.path.basename(os.path.normpath(path))
         self.version = dir_version(path, "config.json")
-        self.device, self.dtype = pick_device()
+        self.device, self.dtype = pick_device(dtype)
         self.model: Any = None
         self.tokenizer: Any = None
         self._eos_ids: list[int] = []

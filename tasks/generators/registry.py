@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import importlib
+import inspect
 import logging
 import os
 import sys
@@ -27,7 +28,7 @@ _VIDEO: dict[str, str] = {
 _TEXT_DIR = "tasks.generators.hf_causal:CausalLMGenerator"
 _VIDEO_DIR = "tasks.generators.diffusers_video:DiffusersVideoGenerator"
 
-_loaded: dict[tuple[str, str], Any] = {}
+_loaded: dict[tuple[str, str, str], Any] = {}
 _lock = threading.Lock()
 
 
@@ -36,7 +37,7 @@ def register(kind: str, name: str, target: str) -> None:
     (_TEXT if kind == "text" else _VIDEO)[name] = target
 
 
-def _resolve(kind: str, spec: str) -> Callable[..., Any]:
+def _resolve(kind: str, spec: str, dtype: str = "auto") -> Callable[..., Any]:
     table, dir_target = (_TEXT, _TEXT_DIR) if kind == "text" else (_VIDEO, _VIDEO_DIR)
     if spec in table:
         target, args = table[spec], ()
@@ -48,16 +49,18 @@ def _resolve(kind: str, spec: str) -> Callable[..., Any]:
         raise ValueError(f"unknown {kind} model {spec!r}: not a registered name or a local directory")
     module, _, attr = target.partition(":")
     cls = getattr(importlib.import_module(module), attr)
-    return lambda: cls(*args)
+    # Only torch adapters take a dtype; echo and custom adapters need not know about it.
+    kwargs = {"dtype": dtype} if dtype != "auto" and "dtype" in inspect.signature(cls).parameters else {}
+    return lambda: cls(*args, **kwargs)
 
 
-def get_generator(kind: str, spec: str) -> Any:
-    """Return the process-wide loaded adapter for (kind, spec), loading and warming it once."""
-    key = (kind, spec)
+def get_generator(kind: str, spec: str, dtype: str = "auto") -> Any:
+    """Return the process-wide loaded adapter for (kind, spec, dtype), loading and warming it once."""
+    key = (kind, spec, dtype)
     with _lock:
         gen = _loaded.get(key)
         if gen is None:
-            gen = _resolve(kind, spec)()
+            gen = _resolve(kind, spec, dtype)()
             log.info("loading %s model %s", kind, spec)
             gen.load()
             _loaded[key] = gen
@@ -65,7 +68,7 @@ def get_generator(kind: str, spec: str) -> Any:
         return gen
 
 
-def loaded() -> dict[tuple[str, str], Any]:
+def loaded() -> dict[tuple[str, str, str], Any]:
     """The adapters loaded in this process (for readiness reporting)."""
     return dict(_loaded)
 

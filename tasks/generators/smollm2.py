@@ -71,9 +71,9 @@ def _drop_quantizer(model: Any) -> None:
 class SmolLM2Generator(CausalLMGenerator):
     """SmolLM2-135M-Instruct; the first load dequantizes the GGUF (~20 s) and caches the result."""
 
-    def __init__(self) -> None:
+    def __init__(self, dtype: str = "auto") -> None:
         path, pkg_version = gguf_file()
-        super().__init__(os.path.dirname(path))
+        super().__init__(os.path.dirname(path), dtype)
         self.gguf_path = path
         stem = os.path.splitext(os.path.basename(path))[0].lower()  # smollm2-135m-instruct.q4_1
         self.name = "smollm2"
