@@ -84,7 +84,8 @@ def create_app(
 
     errors.register_error_handler(app)
     metrics.init_app(app)
-    auth.init_app(app)  # before the limiter: it keys its counters by the authenticated key
+    # Auth before the limiter: it keys its counters by the authenticated key.
+    auth.init_app(app, settings.auth_cache_s)
     limits.init_app(app, settings)
     admission.init_app(app, settings, app.extensions[EXTENSION].sessions)
     app.register_blueprint(jobs.bp)

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from typing import Any, TypeVar
 
-from flask import Flask, g, request
+from cachetools import TTLCache
+from flask import Flask, current_app, g, request
 from sqlalchemy import Select
 
 from app import services
 from app.errors import Unauthorized
 from models import Job
 from models.db import read_only
-from models.keys import Principal, authenticate
+from models.keys import Principal, authenticate, hash_key
 
 log = logging.getLogger("genqueue.api")
 
@@ -21,6 +23,38 @@ log = logging.getLogger("genqueue.api")
 PUBLIC_ENDPOINTS = frozenset({"health.health", "health.ready"})
 
 _S = TypeVar("_S", bound=Select)  # type: ignore[type-arg]
+EXTENSION = "genqueue.keycache"
+
+
+class KeyCache:
+    """Principals of recently seen valid keys, by the key's SHA-256, for `ttl_s` seconds.
+
+    Saves a database lookup on nearly every request; the price is that a revoked key keeps
+    working on a process that has just seen it for at most ttl_s. Invalid keys are never cached.
+    """
+
+    def __init__(self, ttl_s: float, maxsize: int = 10_000) -> None:
+        self._cache: TTLCache[str, Principal] | None = TTLCache(maxsize, ttl_s) if ttl_s > 0 else None
+        self._lock = threading.Lock()  # TTLCache is not thread-safe
+
+    def principal(self, token: str) -> Principal | None:
+        if self._cache is None:
+            return self._lookup(token)
+        digest = hash_key(token)
+        with self._lock:
+            hit = self._cache.get(digest)
+        if hit is not None:
+            return hit
+        found = self._lookup(token)
+        if found is not None:
+            with self._lock:
+                self._cache[digest] = found
+        return found
+
+    @staticmethod
+    def _lookup(token: str) -> Principal | None:
+        with read_only(services().sessions) as s:
+            return authenticate(s, token)
 
 
 def _needs_key() -> bool:
@@ -41,8 +75,7 @@ def _authenticate() -> None:
         raise Unauthorized(
             "An API key is required: send 'Authorization: Bearer <key>'.", error=""
         )
-    with read_only(services().sessions) as s:
-        principal = authenticate(s, token)
+    principal = current_app.extensions[EXTENSION].principal(token)
     if principal is None:
         # Never the key itself in logs or answers: the prefix at most, and only if well formed.
         log.info("rejected API key for %s %s", request.method, request.path)
@@ -67,6 +100,7 @@ def owned(stmt: _S, model: type[Any] = Job) -> _S:
     return stmt.where(model.tenant_id == tenant_id())
 
 
-def init_app(app: Flask) -> None:
+def init_app(app: Flask, auth_cache_s: float) -> None:
     """Register before the rate limiter, so it can key its counters by the authenticated key."""
+    app.extensions[EXTENSION] = KeyCache(auth_cache_s)
     app.before_request(_authenticate)

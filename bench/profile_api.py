@@ -43,16 +43,16 @@ def run(args: argparse.Namespace) -> None:
                 return "POST", genqueue + "/v1/jobs", JOB
 
         else:
-            first = run_load(lambda _n: ("POST", genqueue + "/v1/jobs", JOB), requests=1, concurrency=1)
-            assert first.latencies, "could not submit a job to poll"
             import httpx
 
-            job_id = httpx.get(genqueue + "/v1/jobs?limit=1").json()["data"][0]["id"]
+            first = httpx.post(genqueue + "/v1/jobs", json=JOB, headers=srv.headers)
+            assert first.status_code == 202, f"could not submit a job to poll: {first.text}"
+            job_id = first.json()["id"]
 
             def request(_n: int) -> tuple[str, str, object]:
                 return "GET", f"{genqueue}/v1/jobs/{job_id}", None
 
-        run_load(request, duration=1.0)  # warm-up
+        run_load(request, duration=1.0, headers=srv.headers)  # warm-up
         outs = [Path(tmp, f"{pid}.txt") for pid in worker_pids]
         spies = [
             subprocess.Popen(
@@ -63,7 +63,8 @@ def run(args: argparse.Namespace) -> None:
             )
             for pid, out in zip(worker_pids, outs, strict=True)
         ]
-        loader = threading.Thread(target=run_load, args=(request,), kwargs={"duration": args.duration})
+        load_args = {"duration": args.duration, "headers": srv.headers}
+        loader = threading.Thread(target=run_load, args=(request,), kwargs=load_args)
         loader.start()
         loader.join()
         for spy in spies:

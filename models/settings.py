@@ -100,6 +100,9 @@ class Settings(BaseSettings):
     # tenant gets these unless `genqueue tenants plan` overrides them for it.
     ratelimit_url: str = ""  # empty: the broker if it is Redis, else redis://127.0.0.1:6379/0
     ratelimit_strategy: str = "moving-window"
+    # How long a web process trusts a key it has looked up: a revoked key (or a changed plan)
+    # takes effect within this many seconds; 0 looks every key up on every request.
+    auth_cache_s: float = 5.0
     plan_rate_limit: str = "100/second;3000/minute"  # per API key: a burst and a sustained rate
     plan_max_active_jobs: int = 1000  # per tenant: queued + running
     plan_max_width: int = 1024

@@ -92,6 +92,8 @@ def settings(pg_url: str, redis_url: str, artifact_root: Path) -> Settings:
         retry_backoff_s=0.05,
         retry_backoff_max_s=0.2,
         progress_interval_s=0.05,
+        # Tests revoke keys and change plans between requests; the key cache has its own tests.
+        auth_cache_s=0,
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from models.db import make_session_factory, transaction
 from models.keys import authenticate, create_key, hash_key
 from models.migrate import alembic_config, upgrade
 from models.tenant import DEFAULT_TENANT_ID
-from tests.conftest import make_api_key
+from tests.conftest import authed_client_class, make_api_key
 
 
 def problem(resp, status: int) -> dict:
@@ -85,11 +86,29 @@ def test_missing_or_invalid_key_is_401(anon_client, sessions, method, path, auth
         assert s.scalar(select(Job.id)) is None
 
 
-def test_revoked_key_is_401_at_once(client, api_key, cli):
+def test_revoked_key_is_401_within_the_key_cache_ttl(settings, sessions, broker, api_key, cli):
+    from app import create_app
+
+    app = create_app(settings.model_copy(update={"auth_cache_s": 0.5}))
+    app.test_client_class = authed_client_class(api_key)
+    client = app.test_client()
+    assert submit(client).status_code == 202  # the key is now cached by this process
+    assert cli("keys", "revoke", api_key.split("_")[1]).exit_code == 0
+    assert client.get("/v1/jobs").status_code == 200  # still trusted until the entry expires
+    time.sleep(0.6)
+    problem(client.get("/v1/jobs"), 401)
+    problem(submit(client), 401)
+
+
+def test_revoked_key_is_401_at_once_without_the_key_cache(settings, sessions, broker, api_key, cli):
+    from app import create_app
+
+    app = create_app(settings.model_copy(update={"auth_cache_s": 0}))
+    app.test_client_class = authed_client_class(api_key)
+    client = app.test_client()
     assert submit(client).status_code == 202
     assert cli("keys", "revoke", api_key.split("_")[1]).exit_code == 0
     problem(client.get("/v1/jobs"), 401)
-    problem(submit(client), 401)
 
 
 def test_health_ready_and_documents_need_no_key(anon_client):
