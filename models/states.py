@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from functools import cache
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, update
+from sqlalchemy import ColumnElement, and_, bindparam, inspect, update
 from sqlalchemy.orm import Session
 
 from models import outbox
@@ -68,6 +69,41 @@ def mark_published(session: Session, job_id: uuid.UUID) -> bool:
         {"published_at": utcnow()},
         None,
     )
+
+
+@cache
+def _mark_many_stmt() -> Any:
+    return (
+        update(Job)
+        .where(
+            Job.id.in_(bindparam("ids", expanding=True)),
+            Job.status == JobStatus.QUEUED,
+            Job.published_at.is_(None),
+        )
+        .values(published_at=bindparam("at"), updated_at=bindparam("at"))
+        .execution_options(synchronize_session=False)
+    )
+
+
+def mark_published_many(session: Session, job_ids: list[uuid.UUID], at: datetime | None = None) -> int:
+    """mark_published for many jobs in one UPDATE (the API records its publishes in batches)."""
+    if not job_ids:
+        return 0
+    result = session.execute(_mark_many_stmt(), {"ids": job_ids, "at": at or utcnow()})
+    return result.rowcount or 0  # type: ignore[attr-defined, no-any-return]
+
+
+@cache
+def _columns() -> list[tuple[str, str]]:
+    """(attribute, column) pairs of Job; they differ for `meta` / "metadata"."""
+    return [(prop.key, prop.columns[0].key) for prop in inspect(Job).column_attrs]
+
+
+def insert_new(session: Session, job: Job) -> None:
+    """One Core INSERT of a new, fully populated job, bypassing the unit of work (the submit hot
+    path: several times cheaper in CPU). `job` stays transient; set created_at/updated_at on it."""
+    values = {col: getattr(job, attr) for attr, col in _columns() if attr in job.__dict__}
+    session.execute(Job.__table__.insert(), [values])
 
 
 def start_text(session: Session, job_id: uuid.UUID) -> bool:
