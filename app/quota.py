@@ -16,10 +16,11 @@ import logging
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 import redis
-from sqlalchemy import func, or_, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from models import Job
@@ -29,6 +30,7 @@ log = logging.getLogger("genqueue.api")
 
 SYNC_S = 5.0
 GRACE_S = 60.0  # longer than any submit takes between reserving and committing its row
+CHUNK = 500  # ids per reconciliation step: memory stays flat however large the backlog grows
 
 _RESERVE = """
 if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then return 0 end
@@ -40,7 +42,8 @@ return 1
 
 class _Store(Protocol):
     def try_add(self, key: str, member: str, score: float, limit: int) -> bool: ...
-    def members(self, key: str) -> dict[str, float]: ...
+    def chunks(self, key: str, size: int) -> Iterator[dict[str, float]]: ...
+    def count(self, key: str) -> int: ...
     def remove(self, key: str, members: list[str]) -> None: ...
     def add_missing(self, key: str, members: list[str], score: float) -> None: ...
     def due(self, key: str, every_s: float) -> bool: ...
@@ -54,8 +57,18 @@ class RedisStore:
     def try_add(self, key: str, member: str, score: float, limit: int) -> bool:
         return bool(self.reserve(keys=[key], args=[member, score, limit]))
 
-    def members(self, key: str) -> dict[str, float]:
-        return {m.decode(): s for m, s in self.client.zrange(key, 0, -1, withscores=True)}
+    def chunks(self, key: str, size: int) -> Iterator[dict[str, float]]:
+        chunk: dict[str, float] = {}
+        for member, score in self.client.zscan_iter(key, count=size):
+            chunk[member.decode()] = score
+            if len(chunk) >= size:
+                yield chunk
+                chunk = {}
+        if chunk:
+            yield chunk
+
+    def count(self, key: str) -> int:
+        return int(self.client.zcard(key))
 
     def remove(self, key: str, members: list[str]) -> None:
         if members:
@@ -85,9 +98,15 @@ class MemoryStore:
             members[member] = score
             return True
 
-    def members(self, key: str) -> dict[str, float]:
+    def chunks(self, key: str, size: int) -> Iterator[dict[str, float]]:
         with self.lock:
-            return dict(self.sets.get(key, {}))
+            items = list(self.sets.get(key, {}).items())
+        for start in range(0, len(items), size):
+            yield dict(items[start : start + size])
+
+    def count(self, key: str) -> int:
+        with self.lock:
+            return len(self.sets.get(key, {}))
 
     def remove(self, key: str, members: list[str]) -> None:
         with self.lock:
@@ -130,7 +149,7 @@ class ActiveJobs:
             self._sync(tenant_id, key)  # refuse only on fresh numbers
             if self.store.try_add(key, str(job_id), time.time(), limit):
                 return True, -1
-            return False, len(self.store.members(key))
+            return False, self.store.count(key)
         except redis.RedisError as exc:
             log.warning("quota store unavailable (%s); counting in the database", type(exc).__name__)
             active = self._count(tenant_id)
@@ -148,20 +167,23 @@ class ActiveJobs:
             return int(s.scalar(stmt) or 0)
 
     def _sync(self, tenant_id: uuid.UUID, key: str) -> None:
-        members = self.store.members(key)
-        known = [uuid.UUID(m) for m in members]
-        with self.sessions() as s:
-            rows: Any = s.execute(
-                select(Job.id, Job.status).where(
-                    Job.tenant_id == tenant_id, or_(Job.status.in_(ACTIVE), Job.id.in_(known))
-                )
-            ).all()
-        status = {str(r.id): r.status for r in rows}
+        """Make the set match Postgres, CHUNK ids at a time (its size is the tenant's backlog)."""
         cutoff = time.time() - GRACE_S
-        gone = [
-            m
-            for m, admitted in members.items()
-            if (m in status and status[m] not in ACTIVE) or (m not in status and admitted < cutoff)
-        ]
-        self.store.remove(key, gone)
-        self.store.add_missing(key, [m for m, st in status.items() if st in ACTIVE], time.time())
+        for chunk in self.store.chunks(key, CHUNK):
+            with self.sessions() as s:
+                rows: Any = s.execute(
+                    select(Job.id, Job.status).where(Job.id.in_([uuid.UUID(m) for m in chunk]))
+                ).all()
+            status = {str(r.id): r.status for r in rows}
+            gone = [
+                m
+                for m, admitted in chunk.items()
+                if (m in status and status[m] not in ACTIVE) or (m not in status and admitted < cutoff)
+            ]
+            self.store.remove(key, gone)
+        if self._count(tenant_id) <= self.store.count(key):
+            return  # nothing is missing (the usual case): no need to list the active jobs
+        active = select(Job.id).where(Job.tenant_id == tenant_id, Job.status.in_(ACTIVE))
+        with self.sessions() as s:
+            for part in s.execute(active.execution_options(yield_per=CHUNK)).partitions():
+                self.store.add_missing(key, [str(r.id) for r in part], time.time())

@@ -177,6 +177,28 @@ def test_quota_survives_losing_its_redis_state(tenant_client, sessions, broker):
     problem(submit(client), 429)
 
 
+def test_quota_reconciles_a_large_set_a_chunk_at_a_time(app, tenant_client, sessions, broker, monkeypatch):
+    from app import quota
+
+    monkeypatch.setattr(quota, "CHUNK", 3)  # 8 members: three chunks
+    client = tenant_client("acme", max_active_jobs=100)
+    ids = [uuid.UUID(submit(client).get_json()["id"]) for _ in range(8)]
+    with transaction(sessions) as s:  # five finish behind the API's back
+        for jid in ids[:5]:
+            states.fail(s, jid, "x", "finished elsewhere", None)
+    store = app.extensions["genqueue.admission"].quota
+    with sessions() as s:
+        tenant = s.scalar(select(Job.tenant_id).where(Job.id == ids[0]))
+    key = store._key(tenant)
+    ghost = str(uuid.uuid4())  # a reservation whose row never came, long ago
+    broker.zadd(key, {ghost: 1.0})
+    store._sync(tenant, key)
+    assert {m.decode() for m in broker.zrange(key, 0, -1)} == {str(j) for j in ids[5:]}
+    broker.delete(key)  # Redis lost the set: the active jobs come back, in chunks
+    store._sync(tenant, key)
+    assert {m.decode() for m in broker.zrange(key, 0, -1)} == {str(j) for j in ids[5:]}
+
+
 def test_quota_slot_is_released_when_the_job_is_not_accepted(make_app, sessions, settings):
     from tests.conftest import make_api_key
 
