@@ -233,3 +233,23 @@ def test_deliveries_of_unknown_things_are_404(hook_client):
     assert hook_client.get(f"/v1/jobs/{uuid.uuid4()}/webhook-deliveries").status_code == 404
     assert hook_client.post(f"/v1/webhook-deliveries/{uuid.uuid4()}/redeliver").status_code == 404
     assert hook_client.post("/v1/webhook-deliveries/nope/redeliver").status_code == 404
+
+
+def test_cached_hits_and_followers_send_their_webhooks(hook_client, hook_worker, receiver, monkeypatch):
+    monkeypatch.setenv("GENQUEUE_ECHO_STEP_SECONDS", "0.3")  # the leader's video stage takes ~1 s
+    body = {"prompt": "a fox", "modality": "video", "webhook": {"url": receiver.url},
+            "params": {"seed": 3, "width": 64, "height": 64, "num_frames": 1, "steps": 3}}  # fmt: skip
+    leader = hook_client.post("/v1/jobs", json=body).get_json()
+    follower = hook_client.post("/v1/jobs", json=body).get_json()
+    assert (follower["status"], follower["cached"]) == ("queued", True)  # attached to the leader
+    assert wait_job(hook_client, leader["id"])["status"] == "succeeded"
+    hit = hook_client.post("/v1/jobs", json=body)
+    assert hit.status_code == 200 and hit.get_json()["cached"] is True  # answered from the cache
+    ids = {leader["id"], follower["id"], hit.get_json()["id"]}
+    receiver.wait_for(lambda r: len(r.calls) == 3)
+    payloads = [receiver.verify(secret(hook_client), call) for call in receiver.calls]
+    assert {p["data"]["id"] for p in payloads} == ids
+    assert {p["type"] for p in payloads} == {"job.succeeded"}
+    for p in payloads:
+        assert p["data"]["cached"] is (p["data"]["id"] != leader["id"])
+        assert p["data"] == hook_client.get(f"/v1/jobs/{p['data']['id']}").get_json()
