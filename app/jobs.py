@@ -46,6 +46,7 @@ log = logging.getLogger("genqueue.api")
 bp = Blueprint("jobs", __name__, url_prefix="/v1")
 
 VARIANTS = ("video", "text", "thumbnail")
+Answer = tuple[Response, int, dict[str, str]]  # body, status, headers
 
 
 def _job_id(raw: str) -> uuid.UUID:
@@ -125,7 +126,7 @@ def _json_body() -> Any:
 
 
 @bp.post("/jobs")
-def submit() -> tuple[Response, int, dict[str, str]]:
+def submit() -> Answer:
     """O(1): one insert (plus one keyed select for a cacheable request) and one publish."""
     svc = services()
     body = _json_body()
@@ -191,8 +192,7 @@ def submit() -> tuple[Response, int, dict[str, str]]:
             job = s.get(Job, job.id) or job
     base = svc.settings.public_base_url.rstrip("/")
     position = queue.position_of_new(job) if job.status == JobStatus.QUEUED and not job.cached else None
-    status = 200 if job.status in TERMINAL else 202
-    return jsonify(job_resource(job, base, position)), status, {"Location": f"/v1/jobs/{job.id}"}
+    return _answer(job, job_resource(job, base, position))
 
 
 def _insert(s: Session, req: Any, job: Job) -> None:
@@ -224,11 +224,16 @@ def _publish(job: Job) -> None:
     _published().add(job.id)  # recorded within ~50 ms, in one UPDATE with its neighbours
 
 
-def _accepted(job: Job, replayed: bool = False) -> tuple[Response, int, dict[str, str]]:
-    """The job as it is now (an Idempotency-Key replay); 200 once finished, else 202."""
+def _accepted(job: Job, replayed: bool = False) -> Answer:
+    """The job as it is now (an Idempotency-Key replay)."""
     with services().sessions() as s:
         job = s.get(Job, job.id) or job
         resource = _resource(s, job)
+    return _answer(job, resource, replayed)
+
+
+def _answer(job: Job, resource: dict[str, Any], replayed: bool = False) -> Answer:
+    """A submit's answer: 200 once the job has finished (cache hit, Prefer: wait), else 202."""
     headers = {"Location": f"/v1/jobs/{job.id}"}
     if replayed:
         headers["Idempotent-Replayed"] = "true"
