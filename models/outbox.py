@@ -13,14 +13,14 @@ from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import DateTime, Uuid, event
+from sqlalchemy import ColumnElement, DateTime, Uuid, event
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.types import TypeDecorator
 
 from models.base import utcnow
 from models.job import Job, JobEvent
-from models.webhook import WebhookMessage, any_registered_endpoint
+from models.webhook import WebhookMessage, any_registered_endpoint, registered_endpoint_exists
 
 log = logging.getLogger("genqueue.webhooks")
 
@@ -61,14 +61,32 @@ def job_from_snapshot(data: dict[str, Any]) -> Job:
     return Job(**values)
 
 
-def record(session: Session, job: Job, ev: JobEvent) -> None:
-    """Queue `ev` for webhooks if the job has its own webhook or its tenant registered an endpoint."""
-    if job.webhook is None and not any_registered_endpoint(session, job.tenant_id):
-        return
+def record(session: Session, job: Job, ev: JobEvent, registered: bool | None = None) -> None:
+    """Queue `ev` for webhooks if the job has its own webhook or its tenant registered an endpoint.
+
+    `registered`: whether the tenant has an endpoint, when the caller already read it in the
+    statement that wrote the job (registered_column); None looks it up here.
+    """
+    if job.webhook is None:
+        if registered is None:
+            registered = any_registered_endpoint(session, job.tenant_id)
+        if not registered:
+            return
     stamp = ev.created_at or utcnow()  # the event's time is the payload's timestamp
     message = WebhookMessage(event=ev, job_id=job.id, type=ev.type, snapshot=snapshot(job), created_at=stamp)
     session.add(message)
     session.info.setdefault(_PENDING, set()).add(job.id)
+
+
+def registered_column(session: Session) -> ColumnElement[bool] | None:
+    """For the RETURNING of a statement on a job: does its tenant have a registered endpoint?
+
+    None on SQLite, whose RETURNING clause is written without table names, so the subquery
+    would not be tied to the job's row: record() asks with a query of its own there.
+    """
+    if session.get_bind().dialect.name != "postgresql":
+        return None
+    return registered_endpoint_exists(Job.tenant_id)
 
 
 Notify = Callable[[Iterable[uuid.UUID]], None]

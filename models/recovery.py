@@ -7,10 +7,10 @@ transaction, and False when the WHERE clause matched nothing (someone got there 
 from __future__ import annotations
 
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import and_, update
+from sqlalchemy import ColumnElement, and_, case, literal, update
 from sqlalchemy.orm import Session
 
 from models.base import utcnow
@@ -20,15 +20,23 @@ from models.states import _transition
 FINISHED_UNSUCCESSFULLY = (JobStatus.FAILED, JobStatus.CANCELED)
 
 
+def deadline_in(seconds: float) -> datetime:
+    return utcnow() + timedelta(seconds=seconds)
+
+
 def set_deadline(session: Session, job_id: uuid.UUID, seconds: float) -> bool:
     """The active job is overdue (a reaper candidate) `seconds` from now."""
-    return _transition(
-        session,
-        job_id,
-        Job.status.in_(ACTIVE),
-        {"deadline_at": utcnow() + timedelta(seconds=seconds)},
-        None,
-    )
+    return _transition(session, job_id, Job.status.in_(ACTIVE), {"deadline_at": deadline_in(seconds)}, None)
+
+
+def entry_deadline(seconds: float, max_attempts: int) -> ColumnElement[datetime]:
+    """deadline_at for an UPDATE that enters a stage and counts one more attempt.
+
+    `seconds` from now while the attempt is within max_attempts; past that the stage fails at
+    once instead of running, so the deadline stays as it was (the SET sees the old attempts).
+    """
+    within = Job.attempts + 1 <= max_attempts
+    return case((within, literal(deadline_in(seconds), Job.deadline_at.type)), else_=Job.deadline_at)
 
 
 def record_retry(

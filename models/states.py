@@ -13,13 +13,15 @@ from datetime import datetime
 from functools import cache
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, bindparam, inspect, update
+from sqlalchemy import ColumnElement, Update, and_, bindparam, inspect, update
 from sqlalchemy.orm import Session
 
 from models import outbox
 from models.base import utcnow
 from models.cache import settle_followers
 from models.job import ACTIVE, Job, JobEvent, JobStatus, Stage
+
+Deadline = datetime | ColumnElement[datetime]  # a value, or an expression on the row's old values
 
 
 def _transition(
@@ -34,18 +36,50 @@ def _transition(
     then: tuple[str, ...] = (),
     event_at: datetime | None = None,
 ) -> bool:
-    stmt = (
+    if not event:
+        stmt = _update(job_id, where, values)
+        return session.execute(stmt).rowcount == 1  # type: ignore[attr-defined]
+    job = _transition_row(
+        session, job_id, where, values, event,
+        from_status=from_status, event_data=event_data, then=then, event_at=event_at,
+    )  # fmt: skip
+    return job is not None
+
+
+def _update(job_id: uuid.UUID, where: ColumnElement[bool], values: dict[str, Any]) -> Update:
+    return (
         update(Job)
         .where(Job.id == job_id, where)
         .values(updated_at=utcnow(), **values)
         .execution_options(synchronize_session=False)
     )
+
+
+def _transition_row(
+    session: Session,
+    job_id: uuid.UUID,
+    where: ColumnElement[bool],
+    values: dict[str, Any],
+    event: str | None,
+    *,
+    from_status: str | None = None,
+    event_data: dict[str, Any] | None = None,
+    then: tuple[str, ...] = (),
+    event_at: datetime | None = None,
+) -> Job | None:
+    """The transition, returning the job row as it left it; None when it did not happen."""
+    stmt = _update(job_id, where, values).execution_options(populate_existing=True)
     if not event:
-        return session.execute(stmt).rowcount == 1  # type: ignore[attr-defined]
-    # RETURNING the row gives the webhook outbox its snapshot without another round trip.
-    job = session.execute(stmt.returning(Job).execution_options(populate_existing=True)).scalar()
+        return session.execute(stmt.returning(Job)).scalar()
+    # RETURNING the row gives the webhook outbox its snapshot, and whether the tenant has an
+    # endpoint, without another round trip.
+    check = outbox.registered_column(session)
+    if check is None:
+        job, registered = session.execute(stmt.returning(Job)).scalar(), None
+    else:
+        job, registered = session.execute(stmt.returning(Job, check)).first() or (None, None)
     if job is None:
-        return False
+        return None
     for name in (event, *then):
         ev = JobEvent(
             job_id=job_id,
@@ -57,8 +91,8 @@ def _transition(
             created_at=event_at or utcnow(),
         )
         session.add(ev)
-        outbox.record(session, job, ev)
-    return True
+        outbox.record(session, job, ev, registered)
+    return job
 
 
 def mark_published(session: Session, job_id: uuid.UUID) -> bool:
@@ -106,34 +140,55 @@ def insert_new(session: Session, job: Job) -> None:
     session.execute(Job.__table__.insert(), [values])
 
 
-def start_text(session: Session, job_id: uuid.UUID) -> bool:
-    """queued -> running(text). False if the job is not queued (see resume_text)."""
+def start_text(session: Session, job_id: uuid.UUID, *, deadline_at: Deadline | None = None) -> Job | None:
+    """queued -> running(text): the job as it left, or None if it is not queued (see resume_stage).
+
+    `deadline_at`: the stage's deadline (models.recovery.entry_deadline), set in the same UPDATE.
+    """
     now = utcnow()
-    return _transition(
+    values: dict[str, Any] = {
+        "status": JobStatus.RUNNING, "stage": Stage.TEXT, "started_at": now, "attempts": Job.attempts + 1,
+    }  # fmt: skip
+    if deadline_at is not None:
+        values["deadline_at"] = deadline_at
+    return _transition_row(
         session,
         job_id,
         Job.status == JobStatus.QUEUED,
-        {"status": JobStatus.RUNNING, "stage": Stage.TEXT, "started_at": now, "attempts": Job.attempts + 1},
+        values,
         "job.started",
         from_status=JobStatus.QUEUED,
     )
 
 
-def resume_stage(session: Session, job_id: uuid.UUID, stage: Stage) -> bool:
-    """A redelivered task re-enters the stage it was running; counted as an attempt, no event."""
-    return _transition(
-        session,
-        job_id,
-        and_(Job.status == JobStatus.RUNNING, Job.stage == stage),
-        {"attempts": Job.attempts + 1},
-        None,
-    )
+def resume_stage(
+    session: Session, job_id: uuid.UUID, stage: Stage, *, deadline_at: Deadline | None = None
+) -> Job | None:
+    """A redelivered task re-enters the stage it was running; counted as an attempt, no event.
+
+    Returns the job as it left, or None when it is not running that stage.
+    """
+    values: dict[str, Any] = {"attempts": Job.attempts + 1}
+    if deadline_at is not None:
+        values["deadline_at"] = deadline_at
+    where = and_(Job.status == JobStatus.RUNNING, Job.stage == stage)
+    return _transition_row(session, job_id, where, values, None)
 
 
 def complete_text(
-    session: Session, job_id: uuid.UUID, text: str, seconds: float, *, final: bool, progress: int
+    session: Session,
+    job_id: uuid.UUID,
+    text: str,
+    seconds: float,
+    *,
+    final: bool,
+    progress: int,
+    deadline_at: datetime | None = None,
 ) -> bool:
-    """running(text) -> running(video), or -> succeeded when the job wants text only."""
+    """running(text) -> running(video), or -> succeeded when the job wants text only.
+
+    `deadline_at`: going on to video, when the wait for a video worker is overdue (same UPDATE).
+    """
     now = utcnow()
     values: dict[str, Any] = {"output_text": text, "text_s": seconds, "text_completed_at": now}
     where = and_(Job.status == JobStatus.RUNNING, Job.stage == Stage.TEXT)
@@ -152,6 +207,8 @@ def complete_text(
             settle_followers(session, job_id)  # identical jobs waiting on this one finish with it
         return done
     values |= {"stage": Stage.VIDEO, "progress": progress, "attempts": 0}
+    if deadline_at is not None:
+        values["deadline_at"] = deadline_at
     return _transition(session, job_id, where, values, "job.text.completed", from_status=JobStatus.RUNNING)
 
 

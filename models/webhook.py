@@ -15,6 +15,7 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    ColumnElement,
     ForeignKey,
     Index,
     Integer,
@@ -187,13 +188,21 @@ def endpoints_for(job_id: uuid.UUID, tenant_id: uuid.UUID) -> Select[tuple[Webho
     )
 
 
-def any_registered_endpoint(session: Session, tenant_id: uuid.UUID) -> bool:
-    stmt = select(WebhookEndpoint.id).where(
+def _registered(tenant_id: Any) -> Any:
+    return select(WebhookEndpoint.id).where(
         WebhookEndpoint.tenant_id == tenant_id,
         WebhookEndpoint.job_id.is_(None),
         WebhookEndpoint.disabled_at.is_(None),
     )
-    return session.execute(stmt.limit(1)).first() is not None
+
+
+def any_registered_endpoint(session: Session, tenant_id: uuid.UUID) -> bool:
+    return session.execute(_registered(tenant_id).limit(1)).first() is not None
+
+
+def registered_endpoint_exists(tenant_id: ColumnElement[uuid.UUID]) -> ColumnElement[bool]:
+    """any_registered_endpoint as an EXISTS on a column, to ride along in a statement on that row."""
+    return _registered(tenant_id).exists()
 
 
 def new_secret() -> str:

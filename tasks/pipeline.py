@@ -16,7 +16,7 @@ from celery import Task, shared_task
 
 from models import Job, Modality, Stage, states
 from models.db import transaction
-from models.recovery import set_deadline
+from models.recovery import deadline_in, entry_deadline
 from tasks import artifacts, compensation, degrade, failures, names
 from tasks.batching import run_batched
 from tasks.generators.base import TextRequest, VideoRequest
@@ -30,21 +30,23 @@ TEXT_DONE_PROGRESS = 20  # a video job's progress when its text stage is done
 
 def _enter_stage(rt: Runtime, job_id: uuid.UUID, stage: Stage) -> Job | None:
     """Move the job into `stage` (or re-enter it on redelivery); None when there is nothing to do."""
+    s_ = rt.settings
+    # Past max_stage_attempts the worker died or hung each time: the stage fails below instead.
+    deadline = entry_deadline(failures.hard_limit(s_, stage) + s_.stage_grace_s, s_.max_stage_attempts)
     with transaction(rt.sessions) as s:
-        job = s.get(Job, job_id)
+        # One UPDATE ... RETURNING does the move, the attempt count and the deadline together.
+        job = states.start_text(s, job_id, deadline_at=deadline) if stage == Stage.TEXT else None
         if job is None:
-            log.warning("job %s not found; dropping %s stage", job_id, stage)
+            job = states.resume_stage(s, job_id, stage, deadline_at=deadline)
+        if job is None:
+            current = s.get(Job, job_id)  # only to say why (a redelivery, a stray message)
+            if current is None:
+                log.warning("job %s not found; dropping %s stage", job_id, stage)
+            else:
+                where = f"{current.status}/{current.stage}"
+                log.info("job %s is %s; %s stage has nothing to do", job_id, where, stage)
             return None
-        entered = (stage == Stage.TEXT and states.start_text(s, job_id)) or states.resume_stage(
-            s, job_id, stage
-        )
-        if not entered:
-            log.info("job %s is %s/%s; %s stage has nothing to do", job_id, job.status, job.stage, stage)
-            return None
-        s.refresh(job)
-        if job.attempts <= rt.settings.max_stage_attempts:
-            # Past this, the worker died or hung: the reaper steps in.
-            set_deadline(s, job_id, failures.hard_limit(rt.settings, stage) + rt.settings.stage_grace_s)
+        if job.attempts <= s_.max_stage_attempts:
             return job
     # A message that keeps coming back (its worker keeps dying) must not loop forever.
     message = f"{stage} stage gave up after {job.attempts - 1} attempts"
@@ -82,16 +84,16 @@ def _text_stage(self: Task, rt: Runtime, jid: uuid.UUID) -> None:
         failures.handle(self, rt, job, Stage.TEXT, exc)
     final = job.modality == Modality.TEXT
     with transaction(rt.sessions) as s:
-        done = states.complete_text(
+        states.complete_text(
             s,
             jid,
             result.text,
             round(time.monotonic() - started, 3),
             final=final,
             progress=TEXT_DONE_PROGRESS,
+            # Now waiting for a video worker.
+            deadline_at=None if final else deadline_in(rt.settings.queued_timeout_s),
         )
-        if done and not final:
-            set_deadline(s, jid, rt.settings.queued_timeout_s)  # now waiting for a video worker
 
 
 @shared_task(bind=True, name=names.GENERATE_VIDEO)
