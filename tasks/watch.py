@@ -26,8 +26,10 @@ class JobWatch:
         self.rt, self.job_id, self.stage = rt, job_id, stage
         self.lo, self.hi = progress_from, progress_to
         self.interval = rt.settings.progress_interval_s
-        self._last_progress = 0.0
-        self._last_check = 0.0
+        # Both clocks start now: the stage entry just wrote the job (running, at progress_from),
+        # so a write or a cancel check in the stage's first interval would learn nothing new.
+        # A stage quicker than one interval touches the database only to finish.
+        self._last_progress = self._last_check = time.monotonic()
         # job.progress events (webhooks) are rarer than progress writes; starting the clock at
         # stage entry keeps them apart across stages and redeliveries too.
         self._last_event = utcnow()
@@ -35,8 +37,8 @@ class JobWatch:
 
     def on_step(self, _index: int, step: int, total: int) -> None:
         now = time.monotonic()
-        if now - self._last_progress < self.interval and step < total:
-            return
+        if now - self._last_progress < self.interval:
+            return  # the last step too: the stage's completion follows it and sets progress itself
         self._last_progress = now
         progress = self.lo + (self.hi - self.lo) * step // max(total, 1)
         at = utcnow()
