@@ -38,6 +38,10 @@ class Settings(BaseSettings):
     # Workers always ping: a failed statement there would cost a task retry.
     db_web_pre_ping: bool = False
     broker_visibility_timeout_s: int = 7200
+    # Task events (a Redis PUBLISH per task received, started, succeeded) cost the worker's main
+    # process about as much as fetching the tasks. Off unless asked for: Flower switches them on
+    # in every worker it sees (its --enable_events, on by default) for as long as it runs.
+    worker_task_events: bool = False
 
     text_soft_time_limit_s: int = 300
     text_time_limit_s: int = 360

@@ -96,7 +96,7 @@ def celery_config(s: Settings) -> dict[str, Any]:
         },
         # Model loading in worker_process_init takes longer than the 4 s default allows.
         "worker_proc_alive_timeout": 600,
-        "worker_send_task_events": True,  # Flower
+        "worker_send_task_events": s.worker_task_events,  # Flower turns them on when it runs
         # No task-sent event: one Redis PUBLISH less per message sent (every submit, every chain
         # link); Flower shows a task from "received" on instead of from "sent".
         "task_send_sent_event": False,
