@@ -92,3 +92,28 @@ def test_cancel_and_fail_only_active(sessions) -> None:
         q, r = s.get(Job, queued), s.get(Job, running)
         assert q.status == "canceled" and q.error_code == "canceled"
         assert (r.status, r.error_code, r.error_stage) == ("failed", "oops", "text")
+
+
+def test_stage_entry_sets_the_deadline_in_its_update_only_within_max_attempts(sessions) -> None:
+    from models.recovery import deadline_in, entry_deadline
+
+    jid = _job(sessions)
+    with transaction(sessions) as s:
+        job = states.start_text(s, jid, deadline_at=entry_deadline(600, 2))
+        assert job is not None and (job.status, job.attempts) == ("running", 1)
+        first = job.deadline_at
+        assert first is not None and first > deadline_in(500)
+    with transaction(sessions) as s:
+        job = states.resume_stage(s, jid, Stage.TEXT, deadline_at=entry_deadline(6000, 2))
+        assert job is not None and job.attempts == 2 and job.deadline_at > deadline_in(5000)
+        second = job.deadline_at
+    with transaction(sessions) as s:  # a third entry is past the maximum: the stage fails instead
+        job = states.resume_stage(s, jid, Stage.TEXT, deadline_at=entry_deadline(60000, 2))
+        assert job is not None and job.attempts == 3 and job.deadline_at == second
+        assert states.resume_stage(s, jid, Stage.VIDEO) is None  # not in that stage: no row
+    with transaction(sessions) as s:
+        later = deadline_in(90)
+        assert states.complete_text(s, jid, "shot", 0.1, final=False, progress=20, deadline_at=later)
+    with sessions() as s:
+        assert s.get(Job, jid).deadline_at == later
+    assert _events(sessions, jid) == ["job.started", "job.text.completed"]
