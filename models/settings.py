@@ -103,7 +103,9 @@ class Settings(BaseSettings):
     # Tenancy, rate limits and admission control (docs/API.md). The default plan: every
     # tenant gets these unless `genqueue tenants plan` overrides them for it.
     ratelimit_url: str = ""  # empty: the broker if it is Redis, else redis://127.0.0.1:6379/0
-    ratelimit_strategy: str = "moving-window"
+    # sliding-window-counter: two counters per limit, O(1) in Redis; moving-window keeps every hit
+    # of the window in a list and scans it for each answer's headers (O(limit) per request).
+    ratelimit_strategy: str = "sliding-window-counter"
     # How long a web process trusts a key it has looked up: a revoked key (or a changed plan)
     # takes effect within this many seconds; 0 looks every key up on every request.
     auth_cache_s: float = 5.0
