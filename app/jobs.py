@@ -37,7 +37,7 @@ from app.schemas import ListQuery, complete_params, field_errors, parse_job
 from app.waiting import Waiters, prefer_wait
 from models import Job, JobStatus, cache, states
 from models.base import utcnow
-from models.db import read_only, transaction
+from models.db import autocommit, read_only, transaction
 from models.job import TERMINAL
 from models.resource import job_resource
 from tasks.names import THUMBNAIL_NAME, stage_task_id
@@ -167,10 +167,15 @@ def submit() -> Answer:
         updated_at=now,
     )
     queue = _queue()
+    seeded = req.params is not None and req.params.seed is not None  # the same seed, the same output
+    cacheable = svc.settings.cache_enabled and req.cache is not False and seeded
+    # A lone INSERT commits by itself (one round trip); a cache lookup or a key claim goes with
+    # it in one transaction. Either way it is committed before publishing: a worker must find it.
+    unit = transaction if cacheable or idem is not None else autocommit
     try:
-        with transaction(svc.sessions) as s:  # committed before publishing: a worker must find the row
+        with unit(svc.sessions) as s:
             queue.totals(s)  # refreshed at most once per TTL, before this job is counted
-            _insert(s, req, job)
+            _insert(s, job, cacheable)
             if idem is not None:
                 s.flush()  # the job row before the key row that points at it
                 idem.claim(s, job.id, svc.settings.idempotency_ttl_s)
@@ -202,13 +207,12 @@ def submit() -> Answer:
     return _answer(job, job_resource(job, base, position))
 
 
-def _insert(s: Session, req: Any, job: Job) -> None:
+def _insert(s: Session, job: Job, cacheable: bool) -> None:
     """Add the job, as a cached copy or follower of an identical one when there is one."""
-    settings = services().settings
-    seeded = req.params is not None and req.params.seed is not None  # the same seed, the same output
-    if not (settings.cache_enabled and req.cache is not False and seeded):
+    if not cacheable:
         states.insert_new(s, job)
         return
+    settings = services().settings
     key = cache.cache_key(settings, job.modality, job.prompt, job.params)
     source = cache.find_source(s, key, services().artifact_dir, job.tenant_id)
     if source is None:

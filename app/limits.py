@@ -2,8 +2,9 @@
 
 Each API key gets its plan's `rate_limit`, e.g. "100/second;3000/minute": a burst over one
 second and a sustained rate over a minute, as a sliding window counter (the current and
-the previous window's counts, weighted: no double burst at window edges, O(1) in Redis). Every limited response carries RateLimit-Limit / -Remaining / -Reset (seconds,
-as the IETF draft has it) and RateLimit-Policy; a 429 also carries Retry-After.
+the previous window's counts, weighted: no double burst at window edges, O(1) in Redis).
+Every limited response carries RateLimit-Limit / -Remaining / -Reset (seconds, as the IETF
+draft has it) and RateLimit-Policy; a 429 also carries Retry-After.
 If Redis is unreachable the limiter lets requests through (and logs): a limiter outage
 must not become an API outage.
 """

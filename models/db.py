@@ -55,10 +55,14 @@ def transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
 
 
 @contextmanager
-def read_only(factory: sessionmaker[Session]) -> Iterator[Session]:
-    """A session for reads only, in autocommit: each statement is one round trip, with no
-    BEGIN before it nor ROLLBACK after. Statements see what was committed when each began,
-    as they would in a READ COMMITTED transaction."""
+def autocommit(factory: sessionmaker[Session]) -> Iterator[Session]:
+    """A session in autocommit: each statement is one round trip that commits on its own, with
+    no BEGIN before it nor COMMIT/ROLLBACK after. For reads, and for a write that is a single
+    statement (atomic by itself)."""
     with factory() as session:
         session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
         yield session
+
+
+# Reads: statements see what was committed when each began, as in a READ COMMITTED transaction.
+read_only = autocommit
