@@ -17,6 +17,7 @@ import os
 import threading
 import time
 import uuid
+import weakref
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -25,6 +26,7 @@ from models.base import utcnow
 from models.db import transaction
 
 log = logging.getLogger("genqueue.api")
+IDLE_EXIT_S = 5.0
 
 
 class PublishedMarks:
@@ -42,10 +44,11 @@ class PublishedMarks:
         with self._cond:
             self._pending.append(job_id)
             if self._thread is None or self._pid != os.getpid():  # a forked child starts its own
+                if self._pid != os.getpid():  # weakly: a dropped app must not live on for this
+                    atexit.register(_flush_at_exit, weakref.ref(self))
                 self._pid = os.getpid()
                 self._thread = threading.Thread(target=self._loop, name="published-marks", daemon=True)
                 self._thread.start()
-                atexit.register(self.flush)
             self._cond.notify()
 
     def flush(self) -> int:
@@ -64,8 +67,19 @@ class PublishedMarks:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not self._pending:
-                    self._cond.wait()
+                if not self._pending:
+                    self._cond.wait(IDLE_EXIT_S)
+                if not self._pending:
+                    # Idle: end, so a dropped app's engine and connections are not kept alive by
+                    # this thread; the next add() starts a new one.
+                    self._thread = None
+                    return
             # Let the other requests of this moment join the same UPDATE.
             time.sleep(self.interval_s)
             self.flush()
+
+
+def _flush_at_exit(ref: weakref.ref[PublishedMarks]) -> None:
+    marks = ref()
+    if marks is not None:
+        marks.flush()

@@ -4,40 +4,20 @@ from __future__ import annotations
 
 import uuid
 
-from celery import Celery, chain
+from celery import Celery
 from celery.canvas import Signature
 
 from tasks import names
 from tasks.config import broker_priority
 
 
-def job_signature(app: Celery, job_id: uuid.UUID | str, modality: str, priority: str) -> Signature:
-    """The canvas for one job: fixed task ids per stage, compensation on any failure."""
-    jid = str(job_id)
-    prio = broker_priority(priority, app.conf.broker_url)
-    text = app.signature(names.GENERATE_TEXT, args=(jid,), immutable=True).set(
-        task_id=names.stage_task_id(jid, "text"), priority=prio
-    )
-    errback = app.signature(names.COMPENSATE, args=(jid,), immutable=True)
-    if modality == "text":
-        return text.on_error(errback)
-    video = app.signature(names.GENERATE_VIDEO, args=(jid,), immutable=True).set(
-        task_id=names.stage_task_id(jid, "video"), priority=prio
-    )
-    return chain(text, video).on_error(errback)
-
-
-def stage_signature(
-    app: Celery, job_id: uuid.UUID | str, stage: str, modality: str, priority: str
-) -> Signature:
-    """The rest of the job from `stage` on (the reaper's re-enqueue), same fixed task ids."""
-    if stage != "video":
-        return job_signature(app, job_id, modality, priority)
-    jid = str(job_id)
-    video = app.signature(names.GENERATE_VIDEO, args=(jid,), immutable=True).set(
-        task_id=names.stage_task_id(jid, "video"), priority=broker_priority(priority, app.conf.broker_url)
-    )
-    return video.on_error(app.signature(names.COMPENSATE, args=(jid,), immutable=True))
+def _stage(app: Celery, jid: str, stage: str, prio: int | None, errback: Signature) -> Signature:
+    """One stage's task: a fixed id per job and stage (duplicates are recognisable), the errback."""
+    name = names.GENERATE_TEXT if stage == "text" else names.GENERATE_VIDEO
+    return app.signature(
+        name, args=(jid,), immutable=True, task_id=names.stage_task_id(jid, stage), priority=prio,
+        link_error=[errback],
+    )  # fmt: skip
 
 
 def publish_compensation(app: Celery, job_id: uuid.UUID | str) -> None:
@@ -53,17 +33,24 @@ def publish_compensation(app: Celery, job_id: uuid.UUID | str) -> None:
 def publish_job(
     app: Celery, job_id: uuid.UUID | str, modality: str, priority: str, stage: str = "text"
 ) -> None:
-    """Send the job's first stage; raises kombu/OS errors if the broker cannot take it in time.
+    """Send the job from `stage` on (text -> video, or the video stage alone for the reaper).
 
-    Bounded: broker_connection_timeout per try, two quick retries, so a broker outage
-    becomes a 503 within seconds instead of a hung request.
+    The text task carries the video task as its chain, exactly what chain(text, video) sends,
+    built directly: the canvas's generic preparation cost a fifth of the publish. Raises
+    kombu/OS errors if the broker cannot take it in time: broker_connection_timeout per try,
+    two quick retries, so a broker outage becomes a 503 within seconds, not a hung request.
     """
-    stage_signature(app, job_id, stage, modality, priority).apply_async(
+    jid = str(job_id)
+    prio = broker_priority(priority, app.conf.broker_url)
+    errback = app.signature(names.COMPENSATE, args=(jid,), immutable=True)
+    start = "video" if stage == "video" else "text"
+    first = _stage(app, jid, start, prio, errback)
+    then = [_stage(app, jid, "video", prio, errback)] if start == "text" and modality != "text" else None
+    app.send_task(
+        first.task,
+        args=first.args,
+        chain=then,
         retry=True,
-        retry_policy={
-            "max_retries": 2,
-            "interval_start": 0,
-            "interval_step": 0.2,
-            "interval_max": 0.5,
-        },
+        retry_policy={"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5},
+        **first.options,
     )
