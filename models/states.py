@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from models import outbox
 from models.base import utcnow
 from models.cache import settle_followers
-from models.job import ACTIVE, Job, JobEvent, JobStatus, Stage
+from models.job import ACTIVE, Job, JobStatus, Stage
 
 Deadline = datetime | ColumnElement[datetime]  # a value, or an expression on the row's old values
 
@@ -80,18 +80,16 @@ def _transition_row(
         job, registered = session.execute(stmt.returning(Job, check)).first() or (None, None)
     if job is None:
         return None
-    for name in (event, *then):
-        ev = JobEvent(
-            job_id=job_id,
-            type=name,
-            from_status=from_status,
-            to_status=values.get("status"),
-            stage=values.get("stage", job.stage),
-            data=dict(event_data or {}),
-            created_at=event_at or utcnow(),
-        )
-        session.add(ev)
-        outbox.record(session, job, ev, registered)
+    at = event_at or utcnow()
+    common = {
+        "job_id": job_id,
+        "from_status": from_status,
+        "to_status": values.get("status"),
+        "stage": values.get("stage", job.stage),
+        "created_at": at,
+    }
+    events = [{**common, "type": name, "data": dict(event_data or {})} for name in (event, *then)]
+    outbox.add_events(session, job, events, registered)
     return job
 
 
