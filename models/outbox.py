@@ -11,6 +11,7 @@ import logging
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
+from functools import cache
 from typing import Any
 
 from sqlalchemy import ColumnElement, DateTime, Uuid, event
@@ -98,6 +99,12 @@ def registered_column(session: Session) -> ColumnElement[bool] | None:
     """
     if session.get_bind().dialect.name != "postgresql":
         return None
+    return _registered_exists()
+
+
+@cache
+def _registered_exists() -> ColumnElement[bool]:
+    # Built once: the same expression every time, and its cache key is memoized with it.
     return registered_endpoint_exists(Job.tenant_id)
 
 
