@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 
 from models import outbox
 from models.base import utcnow
-from models.job import ACTIVE, Job, JobEvent, JobStatus, Modality
+from models.job import ACTIVE, Job, JobStatus, Modality
 from models.settings import Settings
 
 # Built-in model names -> the distribution whose version pins their weights or code.
@@ -145,17 +145,16 @@ def attach(session: Session, job: Job, source: Job) -> None:
     job.started_at = job.text_completed_at = job.completed_at = now
     session.add(job)
     session.flush()  # the job row before its event row
-    ev = JobEvent(
-        job_id=job.id,
-        type="job.succeeded",
-        from_status=JobStatus.QUEUED,
-        to_status=JobStatus.SUCCEEDED,
-        stage=source.stage,
-        data={"cached": True, "source_job_id": str(source.id)},
-        created_at=now,
-    )
-    session.add(ev)
-    outbox.record(session, job, ev)  # its webhook fires like any finished job's
+    ev = {
+        "job_id": job.id,
+        "type": "job.succeeded",
+        "from_status": JobStatus.QUEUED,
+        "to_status": JobStatus.SUCCEEDED,
+        "stage": source.stage,
+        "data": {"cached": True, "source_job_id": str(source.id)},
+        "created_at": now,
+    }
+    outbox.add_events(session, job, [ev])  # its webhook fires like any finished job's
 
 
 def settle_followers(session: Session, source_id: uuid.UUID) -> int:
@@ -198,12 +197,11 @@ def settle_followers(session: Session, source_id: uuid.UUID) -> int:
         # RETURNING the row gives the webhook outbox its snapshot (as in states._transition).
         row = session.execute(stmt.returning(Job).execution_options(populate_existing=True)).scalar()
         if row is not None:
-            ev = JobEvent(
-                job_id=fid, type=event, from_status=JobStatus.QUEUED, to_status=values["status"],
-                stage=values.get("stage") or values.get("error_stage"), data=data, created_at=now,
-            )  # fmt: skip
-            session.add(ev)
-            outbox.record(session, row, ev)
+            ev = {
+                "job_id": fid, "type": event, "from_status": JobStatus.QUEUED, "to_status": values["status"],
+                "stage": values.get("stage") or values.get("error_stage"), "data": data, "created_at": now,
+            }  # fmt: skip
+            outbox.add_events(session, row, [ev])
             settled += 1
     return settled
 

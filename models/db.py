@@ -9,16 +9,25 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
+from models import liveness
+
 
 def make_engine(
-    url: str, *, pool_size: int = 10, max_overflow: int = 10, connect_timeout: int = 3, pre_ping: bool = True
+    url: str,
+    *,
+    pool_size: int = 10,
+    max_overflow: int = 10,
+    connect_timeout: int = 3,
+    pre_ping: bool = True,
+    ping_idle_s: float = 1.0,
 ) -> Engine:
     """One engine per process; pool sized for the threads that share it.
 
-    `pre_ping` tests every connection on checkout (a round trip each) so no caller ever sees a
-    connection that died with a Postgres restart. Without it the first statement on a dead
-    connection fails (the caller's error handling applies) and invalidates the whole pool, so
-    each process loses one request per restart and reconnects on the next.
+    `pre_ping` tests connections on checkout so no caller sees one that died with a Postgres
+    restart: those idle `ping_idle_s` or longer, or whose server sent something since their
+    last use (models.liveness; 0 tests every checkout). Without it the first statement on a
+    dead connection fails (the caller's error handling applies) and invalidates the whole
+    pool, so each process loses one request per restart and reconnects on the next.
     """
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
@@ -33,14 +42,16 @@ def make_engine(
             cur.close()
 
         return engine
-    return create_engine(
+    engine = create_engine(
         url,
         pool_size=pool_size,
         max_overflow=max_overflow,
-        pool_pre_ping=pre_ping,
         pool_timeout=connect_timeout,
         connect_args={"connect_timeout": connect_timeout},
     )
+    if pre_ping:
+        liveness.install(engine, ping_idle_s)
+    return engine
 
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:

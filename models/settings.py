@@ -35,7 +35,8 @@ class Settings(BaseSettings):
     db_connect_timeout_s: int = 3
     # The API pings no connection before use (a round trip saved per checkout, 2-3 per request):
     # after a Postgres restart each web process answers one request 503 and then reconnects.
-    # Workers always ping: a failed statement there would cost a task retry.
+    # Workers test a connection before use when it sat idle or its server hung up on it
+    # (models.liveness): a failed statement there would cost a task retry.
     db_web_pre_ping: bool = False
     broker_visibility_timeout_s: int = 7200
     # Task events (a Redis PUBLISH per task received, started, succeeded) cost the worker's main

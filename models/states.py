@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from models import outbox
 from models.base import utcnow
 from models.cache import settle_followers
-from models.job import ACTIVE, Job, JobEvent, JobStatus, Stage
+from models.job import ACTIVE, Job, JobStatus, Stage
 
 Deadline = datetime | ColumnElement[datetime]  # a value, or an expression on the row's old values
 
@@ -80,19 +80,27 @@ def _transition_row(
         job, registered = session.execute(stmt.returning(Job, check)).first() or (None, None)
     if job is None:
         return None
-    for name in (event, *then):
-        ev = JobEvent(
-            job_id=job_id,
-            type=name,
-            from_status=from_status,
-            to_status=values.get("status"),
-            stage=values.get("stage", job.stage),
-            data=dict(event_data or {}),
-            created_at=event_at or utcnow(),
-        )
-        session.add(ev)
-        outbox.record(session, job, ev, registered)
+    at = event_at or utcnow()
+    common = {
+        "job_id": job_id,
+        "from_status": from_status,
+        "to_status": values.get("status"),
+        "stage": values.get("stage", job.stage),
+        "created_at": at,
+    }
+    events = [{**common, "type": name, "data": dict(event_data or {})} for name in (event, *then)]
+    outbox.add_events(session, job, events, registered)
     return job
+
+
+def _settle(session: Session, job: Job | None) -> bool:
+    """After a transition that finished `job` (None: it did not happen), finish its cache followers."""
+    if job is None:
+        return False
+    # Only jobs with a cache key can have followers: most finish without another query.
+    if job.cache_key is not None:
+        settle_followers(session, job.id)  # identical jobs waiting on this one finish with it
+    return True
 
 
 def mark_published(session: Session, job_id: uuid.UUID) -> bool:
@@ -194,7 +202,7 @@ def complete_text(
     where = and_(Job.status == JobStatus.RUNNING, Job.stage == Stage.TEXT)
     if final:
         values |= {"status": JobStatus.SUCCEEDED, "progress": 100, "completed_at": now}
-        done = _transition(
+        job = _transition_row(
             session,
             job_id,
             where,
@@ -203,9 +211,7 @@ def complete_text(
             from_status=JobStatus.RUNNING,
             then=("job.succeeded",),
         )
-        if done:
-            settle_followers(session, job_id)  # identical jobs waiting on this one finish with it
-        return done
+        return _settle(session, job)
     values |= {"stage": Stage.VIDEO, "progress": progress, "attempts": 0}
     if deadline_at is not None:
         values["deadline_at"] = deadline_at
@@ -235,7 +241,7 @@ def set_progress(
 def complete_video(
     session: Session, job_id: uuid.UUID, artifact_path: str, artifact_bytes: int, seconds: float
 ) -> bool:
-    done = _transition(
+    job = _transition_row(
         session,
         job_id,
         and_(Job.status == JobStatus.RUNNING, Job.stage == Stage.VIDEO),
@@ -250,14 +256,12 @@ def complete_video(
         "job.succeeded",
         from_status=JobStatus.RUNNING,
     )
-    if done:
-        settle_followers(session, job_id)  # identical jobs waiting on this one finish with it
-    return done
+    return _settle(session, job)
 
 
 def fail(session: Session, job_id: uuid.UUID, code: str, message: str, stage: str | None) -> bool:
     """Any active job -> failed, recording where and why (and its cache followers with it)."""
-    failed = _transition(
+    job = _transition_row(
         session,
         job_id,
         Job.status.in_(ACTIVE),
@@ -271,9 +275,7 @@ def fail(session: Session, job_id: uuid.UUID, code: str, message: str, stage: st
         "job.failed",
         event_data={"code": code, "stage": stage},
     )
-    if failed:
-        settle_followers(session, job_id)
-    return failed
+    return _settle(session, job)
 
 
 def cancel(session: Session, job_id: uuid.UUID) -> bool:
