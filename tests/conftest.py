@@ -94,6 +94,8 @@ def settings(pg_url: str, redis_url: str, artifact_root: Path) -> Settings:
         progress_interval_s=0.05,
         # Tests revoke keys and change plans between requests; the key cache has its own tests.
         auth_cache_s=0,
+        # Many apps and workers share one Postgres (max_connections 100) during a run.
+        db_max_overflow=2,
     )
 
 
@@ -162,7 +164,10 @@ def app(settings: Settings, sessions, broker, api_key):
     flask_app = create_app(settings)
     flask_app.testing = True
     flask_app.test_client_class = authed_client_class(api_key)  # app.test_client() is authenticated
-    return flask_app
+    yield flask_app
+    # Its pooled connections go now, not whenever the app is collected: a run must stay well
+    # under Postgres's max_connections (100) with workers and other apps alive.
+    flask_app.extensions["genqueue"].engine.dispose()
 
 
 @pytest.fixture

@@ -67,7 +67,10 @@ def test_a_255_character_key_is_accepted_and_kept_24_hours(client, sessions):
 def test_100_concurrent_identical_requests_create_one_job(settings, sessions, broker, api_key):
     from tests.conftest import authed_client_class
 
-    overrides = {"db_pool_size": 20, "db_connect_timeout_s": 60, "plan_rate_limit": "100000/second"}
+    overrides = {
+        "db_pool_size": 20, "db_max_overflow": 0, "db_connect_timeout_s": 60,
+        "plan_rate_limit": "100000/second",
+    }  # fmt: skip
     flask_app = create_app(settings.model_copy(update=overrides))
     flask_app.test_client_class = authed_client_class(api_key)
     barrier = threading.Barrier(100)
