@@ -49,3 +49,16 @@ def runtime(app: Celery) -> Runtime:
             webhook_dispatch.install(rt.sessions, app)  # transitions wake the webhook dispatcher
             _runtimes[key] = rt
         return rt
+
+
+def dispose_all() -> None:
+    """Close every runtime's pooled connections and forget them (tests, after each worker).
+
+    Safe while a worker still runs: a disposed engine opens new connections on demand, and the
+    next task builds a fresh runtime.
+    """
+    with _lock:
+        gone = list(_runtimes.values())
+        _runtimes.clear()
+    for rt in gone:
+        rt.engine.dispose()

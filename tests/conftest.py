@@ -151,6 +151,16 @@ def authed_client_class(key: str) -> type[FlaskClient]:
     return AuthedClient
 
 
+@pytest.fixture(autouse=True)
+def _release_worker_connections() -> Iterator[None]:
+    """In-process workers keep a runtime (and its pooled connections) per Celery app: close them
+    after each test, so a run stays well under Postgres's max_connections."""
+    yield
+    from tasks import runtime
+
+    runtime.dispose_all()
+
+
 @pytest.fixture
 def api_key(sessions) -> str:
     """A key of the default tenant, which owns every job a test writes without a tenant_id."""
