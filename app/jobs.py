@@ -337,8 +337,7 @@ def cancel_job(job_id: str) -> Response:
     if heir is not None:
         try:
             publish_job(svc.celery, heir.id, heir.modality, heir.priority)
-            with transaction(svc.sessions) as s:
-                states.mark_published(s, heir.id)
+            _published().add(heir.id)  # recorded like a submit's
         except Exception:  # the heir stays queued with no published_at: the reaper republishes it
             log.exception("follower %s of canceled job %s could not be published", heir.id, jid)
     return jsonify(resource)

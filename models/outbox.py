@@ -95,7 +95,7 @@ def registered_column(session: Session) -> ColumnElement[bool] | None:
     """For the RETURNING of a statement on a job: does its tenant have a registered endpoint?
 
     None on SQLite, whose RETURNING clause is written without table names, so the subquery
-    would not be tied to the job's row: record() asks with a query of its own there.
+    would not be tied to the job's row: add_events() asks with a query of its own there.
     """
     if session.get_bind().dialect.name != "postgresql":
         return None
