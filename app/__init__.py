@@ -1,96 +1,21 @@
-"""The Flask API front: validates jobs, records them in the database and publishes them to Celery."""
+"""The Flask API front: validates jobs, records them in the database and publishes them to Celery.
+
+`create_app`, `Services` and `services` live in app.factory and are loaded on first use, so that
+importing a light module of this package (app.server, the gunicorn worker class that the
+arbiter loads before it forks and before gevent patches the standard library) does not import
+Flask, SQLAlchemy, psycopg or Celery in the arbiter.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from celery import Celery
-from flask import Flask, current_app
-from sqlalchemy import Engine
-from sqlalchemy.orm import Session, sessionmaker
-
-from models import redaction
-from models.db import make_engine, make_session_factory
-from models.settings import Settings
-from tasks import webhook_dispatch
-from tasks.celery_app import create_celery  # publishing only: never tasks.pipeline or torch
-
-EXTENSION = "genqueue"
+__all__ = ["Services", "create_app", "services"]
 
 
-@dataclass(frozen=True)
-class Services:
-    """What the request handlers share: built once per app, never at import time."""
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from app import factory
 
-    settings: Settings
-    engine: Engine
-    sessions: sessionmaker[Session]
-    celery: Celery
-    artifact_dir: Path
-    metrics: Any  # app.metrics.Metrics
-
-
-def services() -> Services:
-    return current_app.extensions[EXTENSION]  # type: ignore[no-any-return]
-
-
-_SETTINGS_ALIASES = {"DATABASE_URL", "BROKER_URL"}
-
-
-def _settings(config: Settings | Mapping[str, Any] | None) -> tuple[Settings, dict[str, Any]]:
-    """Settings from the argument or the environment; UPPER_CASE mapping keys are Flask config."""
-    if isinstance(config, Settings):
-        return config, {}
-    values = dict(config or {})
-    flask_conf = {k: values.pop(k) for k in list(values) if k.isupper() and k not in _SETTINGS_ALIASES}
-    return Settings(**values), flask_conf
-
-
-def create_app(
-    config: Settings | Mapping[str, Any] | None = None, *, celery_app: Celery | None = None
-) -> Flask:
-    """Build the API. Connections to Postgres and the broker open lazily, on first use."""
-    # Imported here, not at the top: these modules import `services` from this package.
-    from app import admission, auth, errors, health, jobs, limits, metrics, openapi, webhooks
-
-    settings, flask_conf = _settings(config)
-    redaction.install()
-    app = Flask(__name__)
-    app.config.update(flask_conf)
-    # werkzeug caps every body read, chunked uploads included, but silently truncates a
-    # chunked body at the cap: one byte of headroom lets the handler see it was over.
-    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes + 1
-
-    engine = make_engine(
-        settings.database_url,
-        pool_size=settings.db_pool_size,
-        max_overflow=settings.db_max_overflow,
-        connect_timeout=settings.db_connect_timeout_s,
-        pre_ping=settings.db_web_pre_ping,
-    )
-    app.extensions[EXTENSION] = Services(
-        settings=settings,
-        engine=engine,
-        sessions=make_session_factory(engine),
-        # Not "current": in embedded mode the worker's app shares this process.
-        celery=celery_app or create_celery(settings, set_as_current=False),
-        # Absolute, so send_file does not resolve it against the package directory.
-        artifact_dir=Path(settings.artifact_dir).absolute(),
-        metrics=metrics.Metrics(),
-    )
-
-    errors.register_error_handler(app)
-    metrics.init_app(app)
-    # Auth before the limiter: it keys its counters by the authenticated key.
-    auth.init_app(app, settings.auth_cache_s)
-    limits.init_app(app, settings)
-    admission.init_app(app, settings, app.extensions[EXTENSION].sessions)
-    app.register_blueprint(jobs.bp)
-    app.register_blueprint(health.bp)
-    app.register_blueprint(openapi.bp)
-    app.register_blueprint(webhooks.bp)
-    webhook_dispatch.install(app.extensions[EXTENSION].sessions, app.extensions[EXTENSION].celery)
-    return app
+        return getattr(factory, name)
+    raise AttributeError(f"module 'app' has no attribute {name!r}")

@@ -93,6 +93,12 @@ class Settings(BaseSettings):
     max_waiters: int = 4  # concurrent `Prefer: wait` requests per web process; more answer at once
 
     max_body_bytes: int = 64 * 1024
+    web_body_timeout_s: float = Field(
+        10.0,
+        description="Seconds a client has to send a request's whole body once its headers are in; "
+        "slower uploads get 408 and the connection closes (the gevent web worker, app/server.py). "
+        "The request line and headers have the gunicorn keepalive (5 s) to arrive.",
+    )
     prompt_max_chars: int = 4000
     default_width: int = 256
     default_height: int = 256

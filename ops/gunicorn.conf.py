@@ -3,21 +3,41 @@ import multiprocessing
 import os
 
 bind = f"{os.environ.get('HOST', '0.0.0.0')}:{os.environ.get('PORT', '8000')}"
-# gthread: threads absorb slow clients (Prefer: wait, downloads) without a process each.
-worker_class = "gthread"
+# A greenlet per connection (gevent), not a thread: idle, slow-header and slow-body clients cost
+# a few KB each instead of a request thread (docs/RELIABILITY.md, "Hostile connections").
+# app.server.HardenedGeventWorker adds the body deadline and problem+json protocol errors.
+worker_class = "app.server.HardenedGeventWorker"
 workers = int(os.environ.get("WEB_CONCURRENCY", multiprocessing.cpu_count()))
-threads = int(os.environ.get("WEB_THREADS", "8"))
+# Open connections per worker process; past it the process stops accepting and new clients
+# wait in the listen backlog. Each one needs a file descriptor (the limit is raised below).
+worker_connections = int(os.environ.get("WEB_CONNECTIONS", "4000"))
 backlog = 2048
 timeout = 60
 graceful_timeout = 30
+# With the gevent worker this is also the deadline for a request line and its headers to
+# arrive, on a new connection as between keep-alive requests: a silent or trickling client is
+# closed after it. The body has GENQUEUE_WEB_BODY_TIMEOUT_S (408 after it).
 keepalive = 5
+limit_request_line = 8190
+limit_request_fields = 100
+limit_request_field_size = 8190
 # Recycle workers now and then so slow leaks cannot grow without bound.
 max_requests = 20000
 max_requests_jitter = 2000
 accesslog = os.environ.get("GUNICORN_ACCESS_LOG")  # off by default: it costs throughput
 errorlog = "-"
 
-# One pooled database connection per request thread (plus the Prefer: wait poller and a spare),
-# and at most half the threads held by `Prefer: wait` submits. Read by each worker's Settings.
-os.environ.setdefault("GENQUEUE_DB_POOL_SIZE", str(threads + 2))
-os.environ.setdefault("GENQUEUE_MAX_WAITERS", str(max(1, threads // 2)))
+# Pooled database connections per worker process: greenlets queue for one (a request holds it
+# only while its statements run), so the pool bounds Postgres load, not concurrency. At most
+# this many `Prefer: wait` submits per process are held open (each costs a greenlet).
+os.environ.setdefault("GENQUEUE_DB_POOL_SIZE", "10")
+os.environ.setdefault("GENQUEUE_MAX_WAITERS", "64")
+
+
+def on_starting(server):  # gunicorn's hook signature
+    """Raise the open-files limit to its hard maximum: every held connection is a descriptor."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))

@@ -1,0 +1,110 @@
+"""The web tier's gunicorn worker: a greenlet per connection, read deadlines, problem+json errors.
+
+gthread gives each connection a thread while it waits for a request, so a few hundred idle or
+trickling connections starve everyone (gunicorn has no header-read timeout). Here:
+- a connection costs a greenlet, not a thread; `worker_connections` caps them per process;
+- the request line and headers must arrive within `keepalive` seconds (gevent's timeout_ctx
+  covers the first request too, not only the idle time between requests), or the connection
+  is closed;
+- the body must arrive within `GENQUEUE_WEB_BODY_TIMEOUT_S` (it is read here, before the app
+  runs, so a trickling upload never holds a database connection), or the client gets 408;
+- gunicorn's own protocol errors (414, 431, 400 on a bad request line) are problem+json like
+  every other error, without echoing what the client sent.
+
+Only gunicorn and gevent are imported at module level: the arbiter imports this class before
+it forks, and the application must be imported only after gevent has patched the worker.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from typing import Any
+
+import gevent
+from gunicorn import util
+from gunicorn.workers.ggevent import GeventWorker
+
+_STATUS_LINE = re.compile(rb"^HTTP/1\.[01] (\d{3}) ([^\r\n]*)")
+
+
+def problem_bytes(status: int, title: str, content_type: str = "application/problem+json") -> bytes:
+    """A whole HTTP/1.1 answer carrying an RFC 9457 document; the connection closes after it."""
+    body = json.dumps({"type": "about:blank", "title": title, "status": status, "detail": title}).encode()
+    head = (
+        f"HTTP/1.1 {status} {title}\r\nConnection: close\r\nContent-Type: {content_type}\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode("latin-1") + body
+
+
+class _Capture:
+    """Stands in for the client socket while gunicorn writes its HTML error page."""
+
+    def __init__(self, sock: Any) -> None:
+        self._sock = sock
+        self.data = b""
+
+    def sendall(self, data: bytes) -> None:
+        self.data += data
+
+    def send(self, data: bytes) -> int:
+        self.data += data
+        return len(data)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
+class HardenedGeventWorker(GeventWorker):  # type: ignore[misc]  # gunicorn is untyped
+    """gunicorn's gevent worker with a body deadline and problem+json protocol errors."""
+
+    body_timeout_s = 10.0
+    max_body_bytes = 64 * 1024
+
+    def load_wsgi(self) -> None:
+        # Runs after gevent has patched this process (GeventWorker.init_process), like the app.
+        super().load_wsgi()
+        from models.settings import Settings
+
+        settings = Settings()
+        self.body_timeout_s = settings.web_body_timeout_s
+        self.max_body_bytes = settings.max_body_bytes
+
+    def handle_request(self, listener_name: Any, req: Any, sock: Any, addr: Any) -> Any:
+        self._buffer_body(req, sock)
+        return super().handle_request(listener_name, req, sock, addr)
+
+    def _buffer_body(self, req: Any, sock: Any) -> None:
+        """Read the whole body (up to one byte over the limit) within the deadline, or answer 408."""
+        timer = gevent.Timeout(self.body_timeout_s)
+        timer.start()
+        try:
+            data = req.body.read(self.max_body_bytes + 1)
+        except gevent.Timeout as exc:
+            if exc is not timer:
+                raise
+            self.log.info("request body not received within %.0f s: 408", self.body_timeout_s)
+            util.write_nonblock(sock, problem_bytes(408, "Request Timeout"))
+            raise StopIteration() from None  # base_async.handle closes the connection
+        finally:
+            timer.close()
+        req.body = io.BytesIO(data)
+        if len(data) > self.max_body_bytes:
+            req.must_close = True  # the rest is still unread on the socket: the app answers 413
+
+    def handle_error(self, req: Any, client: Any, addr: Any, exc: BaseException) -> None:
+        capture = _Capture(client)
+        super().handle_error(req, capture, addr, exc)
+        match = _STATUS_LINE.match(capture.data)
+        if match is None:  # nothing written (or not HTTP): pass it on unchanged
+            if capture.data:
+                util.write_nonblock(client, capture.data)
+            return
+        # The title only: gunicorn's message can quote the request line or a header.
+        status, title = int(match.group(1)), match.group(2).decode("latin-1")
+        try:
+            util.write_nonblock(client, problem_bytes(status, title))
+        except Exception:
+            self.log.debug("Failed to send error message.")
