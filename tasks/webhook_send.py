@@ -14,8 +14,8 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 from standardwebhooks import Webhook
 
+from models import ssrf
 from models.settings import Settings
-from tasks import ssrf
 
 USER_AGENT = "Genqueue-Webhooks/1"
 EXCERPT_CHARS = 512

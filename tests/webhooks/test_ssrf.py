@@ -11,9 +11,8 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from models import Job
+from models import Job, ssrf
 from models.webhook import WebhookEndpoint
-from tasks import ssrf
 from tests.webhooks.helpers import deliveries, submit, wait_job
 
 REFUSED = [
