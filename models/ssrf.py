@@ -134,8 +134,9 @@ def split_url(url: str) -> tuple[str, str, int]:
     return parts.scheme, parts.hostname, port or (443 if parts.scheme == "https" else 80)
 
 
-def resolve(host: str, port: int, timeout_s: float = RESOLVE_TIMEOUT_S) -> list[IPAddress]:
+def resolve(host: str, port: int, timeout_s: float | None = None) -> list[IPAddress]:
     """Every address of `host` (an IP literal resolves to itself), in resolver order, bounded in time."""
+    timeout_s = RESOLVE_TIMEOUT_S if timeout_s is None else timeout_s  # read per call: tests stretch it
     try:
         return [ipaddress.ip_address(host)]
     except ValueError:
