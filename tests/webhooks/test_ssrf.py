@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
+from pytest_httpserver import HTTPServer
 from sqlalchemy import func, select
 
 from models import Job, ssrf
 from models.webhook import WebhookEndpoint
+from tests.support.procs import wait_for
 from tests.webhooks.helpers import deliveries, submit, wait_job
 
 REFUSED = [
@@ -200,11 +204,31 @@ def test_delivery_checks_again_and_refuses_a_rebound_name(
 
 
 @pytest.mark.parametrize("overrides", [{"webhook_allow_private": True}])
-def test_delivery_connects_to_the_checked_address(hook_client, hook_worker, receiver, monkeypatch):
-    # The name resolves only through the guard's lookup; the request dials that address and
-    # keeps the name in Host, so no second lookup can send it elsewhere.
-    fake_dns(monkeypatch, {"hooks.example.test": lambda: "127.0.0.1"})
-    port = receiver.url.split(":")[2].split("/")[0]
+def test_delivery_connects_to_the_checked_address(hook_client, receiver, monkeypatch, request):
+    # At delivery the guard's lookup answers the receiver's address (127.0.0.1) and any later
+    # lookup answers 127.0.0.2, where a decoy listens on the same port. A client that dialled
+    # the name (resolving a second time) would reach the decoy; a pinned one reaches the
+    # receiver, with the name kept in Host.
+    port = urlsplit(receiver.url).port
+    assert port is not None
+    decoy = HTTPServer(host="127.0.0.2", port=port)
+    decoy.expect_request("/hook", method="POST").respond_with_data("decoy")
+    decoy.start()
+    request.addfinalizer(decoy.stop)
+    delivering = threading.Event()
+    lookups: list[str] = []
+
+    def answer() -> str:
+        if not delivering.is_set():
+            return "127.0.0.1"  # the submission's check
+        lookups.append("127.0.0.1" if not lookups else "127.0.0.2")
+        return lookups[-1]
+
+    fake_dns(monkeypatch, {"hooks.example.test": answer})
     submit(hook_client, url=f"http://hooks.example.test:{port}/hook")
-    receiver.wait_for(lambda r: len(r.calls) == 1)
-    assert receiver.calls[0].headers["Host"] == f"hooks.example.test:{port}"
+    delivering.set()
+    request.getfixturevalue("hook_worker")  # started only now: every lookup from here is delivery's
+    wait_for(lambda: receiver.calls or decoy.log, timeout=30, interval=0.05, what="the webhook")
+    assert decoy.log == [], "the client resolved the name again and dialled what it got"
+    assert len(receiver.calls) == 1 and receiver.calls[0].headers["Host"] == f"hooks.example.test:{port}"
+    assert lookups == ["127.0.0.1"], "one lookup at delivery: the guard's"
