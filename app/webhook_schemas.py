@@ -7,7 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
-from tasks import ssrf
+from models import ssrf
 
 EventType = Literal[
     "job.started", "job.text.completed", "job.progress", "job.succeeded", "job.failed", "job.canceled"

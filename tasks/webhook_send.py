@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
@@ -14,8 +15,8 @@ from urllib.parse import urlsplit, urlunsplit
 import httpx
 from standardwebhooks import Webhook
 
+from models import ssrf
 from models.settings import Settings
-from tasks import ssrf
 
 USER_AGENT = "Genqueue-Webhooks/1"
 EXCERPT_CHARS = 512
@@ -27,6 +28,7 @@ class Verdict(StrEnum):
     RETRY = "retry"  # 408, 429, 5xx, timeouts, connection and DNS errors
     GONE = "gone"  # 410: the receiver asks us to stop
     FAILED = "failed"  # anything else (3xx, other 4xx, a blocked address): retrying will not help
+    WITHDRAWN = "withdrawn"  # not sent: the endpoint was disabled (or the delivery dropped) meanwhile
 
 
 @dataclass(frozen=True)
@@ -115,8 +117,19 @@ def _read_capped(resp: httpx.Response, cap: int) -> bytes:
     return bytes(got)
 
 
-def post(client: httpx.Client, settings: Settings, url: str, body: str, headers: dict[str, str]) -> Outcome:
-    """POST `body` to `url`, connecting only to addresses the SSRF guard allows (checked now)."""
+def post(
+    client: httpx.Client,
+    settings: Settings,
+    url: str,
+    body: str,
+    headers: dict[str, str],
+    still_wanted: Callable[[], bool] = lambda: True,
+) -> Outcome:
+    """POST `body` to `url`, connecting only to addresses the SSRF guard allows (checked now).
+
+    `still_wanted` is asked right before each connection, after the DNS lookup (which may
+    take seconds): a delivery whose endpoint was disabled meanwhile is withdrawn, not sent.
+    """
     started = time.monotonic()
 
     def done(verdict: Verdict, **kw: object) -> Outcome:
@@ -135,6 +148,8 @@ def post(client: httpx.Client, settings: Settings, url: str, body: str, headers:
     extensions = {"sni_hostname": host} if scheme == "https" else {}
     error = "no address to connect to"
     for ip in addresses:
+        if not still_wanted():
+            return done(Verdict.WITHDRAWN, error="withdrawn before sending: endpoint disabled")
         try:
             with client.stream(
                 "POST",

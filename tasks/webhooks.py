@@ -9,6 +9,7 @@ anything overdue (a dispatch lost to a crash, a broker outage, a long backoff).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import random
@@ -217,6 +218,12 @@ def _record(
     return retry_at
 
 
+def _withdraw(s: Session, d: WebhookDelivery) -> None:
+    """Nothing was sent, so no attempt is logged; a delivery the disable missed is closed here."""
+    if d.status == DeliveryStatus.PENDING:
+        d.status, d.next_attempt_at, d.last_error = DeliveryStatus.DISABLED, None, "endpoint disabled"
+
+
 def _disable(s: Session, endpoint_id: uuid.UUID, reason: str, now: datetime) -> None:
     s.execute(
         update(WebhookEndpoint)
@@ -229,6 +236,21 @@ def _disable(s: Session, endpoint_id: uuid.UUID, reason: str, now: datetime) -> 
         .values(status=DeliveryStatus.DISABLED, next_attempt_at=None, last_error=f"endpoint {reason}")
         .execution_options(synchronize_session=False)
     )
+
+
+def still_pending(sessions: sessionmaker[Session], delivery_id: uuid.UUID) -> bool:
+    """Whether the delivery may still go out: pending, to an endpoint nobody disabled (one PK probe).
+
+    A 410 from another job's delivery disables the endpoint in its own transaction, while
+    this run may already have read the delivery: asked again right before the connection.
+    """
+    with sessions() as s:
+        row = s.execute(
+            select(WebhookDelivery.status, WebhookEndpoint.disabled_at)
+            .join(WebhookEndpoint, WebhookEndpoint.id == WebhookDelivery.endpoint_id)
+            .where(WebhookDelivery.id == delivery_id)
+        ).first()
+    return row is not None and row.status == DeliveryStatus.PENDING and row.disabled_at is None
 
 
 def send_due(sessions: sessionmaker[Session], settings: Settings, job_id: uuid.UUID) -> datetime | None:
@@ -247,10 +269,16 @@ def send_due(sessions: sessionmaker[Session], settings: Settings, job_id: uuid.U
                 secrets = signing_secrets(s, tenant_id)
             started = utcnow()
             headers = webhook_send.signed_headers(secrets, msg_id, body)
-            out = webhook_send.post(client, settings, url, body, headers)
+            out = webhook_send.post(
+                client, settings, url, body, headers, functools.partial(still_pending, sessions, delivery_id)
+            )
             with transaction(sessions) as s:
                 d = s.get(WebhookDelivery, delivery_id, populate_existing=True)
                 if d is None:  # the job was deleted meanwhile
+                    continue
+                if out.verdict == Verdict.WITHDRAWN:
+                    _withdraw(s, d)
+                    log.info("webhook %s %s withdrawn: endpoint disabled", msg_id, d.event_type)
                     continue
                 retry_at = _record(s, settings, d, out, started)
             if retry_at is not None:

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 import uuid
 from datetime import datetime
+from urllib.parse import urlsplit
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import select, text
 from werkzeug import Response
 
+from models import ssrf
 from models.webhook import WebhookDelivery, WebhookEndpoint
+from tasks.webhooks import _lock_args
+from tests.support.procs import wait_for
 from tests.webhooks.helpers import deliveries, secret, submit, wait_job
+from tests.webhooks.test_ssrf import fake_dns
 
 
 def test_terminal_event_is_signed_and_carries_the_job_resource(hook_client, hook_worker, receiver):
@@ -151,6 +157,71 @@ def test_410_disables_the_endpoint(hook_client, hook_worker, receiver, sessions)
         assert ep.disabled_at is not None and ep.disabled_reason == "gone"
     resp = hook_client.post(f"/v1/webhook-deliveries/{log[0]['id']}/redeliver")
     assert resp.status_code == 409 and resp.mimetype == "application/problem+json"
+
+
+def test_410_stops_what_other_jobs_have_not_sent_yet(
+    hook_client, hook_worker, receiver, sessions, monkeypatch
+):
+    # Three jobs' events to one registered endpoint. Every dispatcher has read its delivery and
+    # is resolving the host when the first send gets 410; the other two finish their lookups
+    # only once that 410 has disabled the endpoint. Nothing of theirs may reach the receiver.
+    jobs = 3
+    guard = threading.Lock()
+    lookups: list[float] = []  # the dispatchers' lookups (registration's comes before)
+    answered: list[float] = []
+    all_resolving = threading.Event()
+    endpoint: list[uuid.UUID] = []
+
+    def disabled() -> bool:
+        with sessions() as s:
+            found = s.scalar(select(WebhookEndpoint.disabled_at).where(WebhookEndpoint.id == endpoint[0]))
+        return found is not None
+
+    def answer() -> str:
+        if not endpoint:
+            return "127.0.0.1"  # registration's check
+        with guard:
+            lookups.append(time.monotonic())
+            first = len(lookups) == 1
+            if len(lookups) == jobs:
+                all_resolving.set()
+        if first:
+            all_resolving.wait(20)  # every other dispatcher now holds a delivery it read as pending
+        else:
+            wait_for(disabled, timeout=20, interval=0.01, what="the 410 to disable the endpoint")
+        answered.append(time.monotonic())
+        return "127.0.0.1"
+
+    monkeypatch.setattr(ssrf, "RESOLVE_TIMEOUT_S", 30.0)
+    fake_dns(monkeypatch, {"slow.example": answer})
+    receiver.reply = lambda n, p: Response(status=410)
+    url = f"http://slow.example:{urlsplit(receiver.url).port}/hook"
+    resp = hook_client.post("/v1/webhooks", json={"url": url, "events": ["job.succeeded"]})
+    assert resp.status_code == 201, resp.get_json()
+    endpoint.append(uuid.UUID(resp.get_json()["id"]))
+    job_ids = [uuid.UUID(submit(hook_client)) for _ in range(jobs)]
+
+    def dispatcher_done(job_id: uuid.UUID) -> bool:
+        # A job's dispatcher holds its advisory lock from reading the delivery to recording
+        # the outcome: once we can take it, whatever that run was going to send has gone out.
+        key = _lock_args(job_id)
+        with sessions() as s:
+            free = bool(s.scalar(text("SELECT pg_try_advisory_lock(:ns, :k)"), key))
+            if free:
+                s.execute(text("SELECT pg_advisory_unlock(:ns, :k)"), key)
+        return free
+
+    wait_for(lambda: len(answered) == jobs, timeout=60, interval=0.02, what="every dispatcher's lookup")
+    assert all_resolving.is_set() and len(lookups) == jobs, "all three were in flight together"
+    wait_for(lambda: all(dispatcher_done(j) for j in job_ids), timeout=30, interval=0.02, what="dispatchers")
+    with sessions() as s:
+        rows = s.scalars(select(WebhookDelivery).where(WebhookDelivery.endpoint_id == endpoint[0])).all()
+    assert len(receiver.calls) == 1, f"sent after the endpoint was disabled: {receiver.summary()}"
+    assert sorted((d.status, d.attempts, d.last_status_code) for d in rows) == [
+        ("disabled", 0, None),
+        ("disabled", 0, None),
+        ("failed", 1, 410),
+    ]
 
 
 def test_redirects_are_not_followed(hook_client, hook_worker, receiver, httpserver):
