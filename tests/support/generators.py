@@ -16,6 +16,8 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from tasks.generators.base import (
     CancelCheck,
@@ -174,3 +176,48 @@ class CrashingVideo(EchoVideoGenerator):
         if any("[[crash]]" in req.prompt for req in requests):
             os._exit(137)
         return super().generate(requests, on_step, should_cancel)
+
+
+class PausingVideo(EchoVideoGenerator):
+    """With GENQUEUE_TEST_PAUSE_DIR set, its process stops dead twice per job, for a kill test.
+
+    `written`: the MP4 is complete under its temp name, not yet renamed (nor the job committed).
+    `committed`: the stage has committed the job's success; the temp sweep and the ack are next.
+    Each pause happens once per job: it creates `<dir>/<job id>.<point>` holding its pid, then
+    sleeps until killed. load() installs the pauses in each (pool child) process that loads it.
+    """
+
+    def load(self) -> None:
+        folder = os.environ.get("GENQUEUE_TEST_PAUSE_DIR")
+        if folder:
+            _install_pauses(Path(folder))
+
+
+def _pause(folder: Path, job_id: object, point: str) -> None:
+    try:
+        with open(folder / f"{job_id}.{point}", "x") as marker:
+            marker.write(str(os.getpid()))
+    except FileExistsError:
+        return  # paused here before (and killed): carry on this time
+    while True:
+        time.sleep(60)
+
+
+def _install_pauses(folder: Path) -> None:
+    from tasks import artifacts, media
+
+    encode, sweep = media._encode, artifacts.sweep_temp
+    if getattr(encode, "paused", False):
+        return
+
+    def paused_encode(path: str, fmt: str, *args: Any, **kwargs: Any) -> None:
+        encode(path, fmt, *args, **kwargs)
+        if fmt == "mp4":  # the temp file is whole; os.replace comes next
+            _pause(folder, Path(path).parent.name, "written")
+
+    def paused_sweep(root: Path, job_id: Any) -> int:
+        _pause(folder, job_id, "committed")  # the pipeline sweeps right after the commit
+        return sweep(root, job_id)
+
+    paused_encode.paused = True  # type: ignore[attr-defined]
+    media._encode, artifacts.sweep_temp = paused_encode, paused_sweep  # type: ignore[assignment]
