@@ -108,6 +108,10 @@ def generate_video(self: Task, job_id: str) -> None:
 def _video_stage(self: Task, rt: Runtime, jid: uuid.UUID) -> None:
     job = _enter_stage(rt, jid, Stage.VIDEO)
     if job is None:
+        # A redelivery after the success was committed (its worker killed before the sweep
+        # and the ack): do the sweep that attempt may have missed, or temp files stay forever.
+        if compensation.is_succeeded(rt, jid):
+            artifacts.sweep_temp(rt.artifact_dir, jid)
         return
     s_ = rt.settings
     p: dict[str, Any] = job.params or {}

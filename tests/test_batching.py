@@ -16,20 +16,26 @@ from models.db import transaction
 from tasks.batching import Item, MicroBatcher
 from tasks.generators.base import InvalidRequest, TextRequest, TextResult, TransientGeneratorError
 from tasks.publish import publish_job
+from tests.support.procs import wait_for
 
 
 class Recorder:
-    """A run function that records each call's requests; "boom" sinks the whole call."""
+    """A run function that records each call's requests; "boom" sinks the whole call.
 
-    def __init__(self, delay: float = 0.0) -> None:
+    Each call takes `delay` seconds (simulated compute) or, with `hold`, until it is set.
+    """
+
+    def __init__(self, delay: float = 0.0, hold: threading.Event | None = None) -> None:
         self.calls: list[list[Any]] = []
-        self.delay = delay
+        self.delay, self.hold = delay, hold
         self.lock = threading.Lock()
 
     def __call__(self, batch: list[Item]) -> list[str]:
         reqs = [i.request for i in batch]
         with self.lock:
             self.calls.append(reqs)
+        if self.hold is not None:
+            assert self.hold.wait(30), "the test never released the running batch"
         time.sleep(self.delay)
         if "boom" in reqs:
             raise TransientGeneratorError("one bad request sank the call")
@@ -107,34 +113,50 @@ def test_one_bad_request_does_not_fail_its_batch_mates() -> None:
     assert sorted(map(tuple, run.calls[1:])) == [("a",), ("b",), ("boom",), ("c",)]
 
 
+def _probe(batcher: MicroBatcher) -> None:
+    """Run one more request to its end: the collector takes requests in order, so everything
+    submitted before it has by then been run or dropped."""
+    assert batcher.submit("probe", deadline=time.monotonic() + 10) == "done:probe"
+
+
 def test_a_caller_past_its_deadline_times_out_alone() -> None:
-    run = Recorder(delay=0.4)
+    hold = threading.Event()
+    run = Recorder(hold=hold)
     batcher = MicroBatcher("t", run, max_size=8, max_wait_s=0.01)
     out: dict[str, Any] = {}
 
     def slow() -> None:
-        out["slow"] = batcher.submit("slow", deadline=time.monotonic() + 10)
+        out["slow"] = batcher.submit("slow", deadline=time.monotonic() + 30)
 
     t = threading.Thread(target=slow)
     t.start()
-    time.sleep(0.1)  # "slow" is running; the next one queues behind it with a short deadline
+    wait_for(lambda: run.calls == [["slow"]], 10, 0.01, "the slow batch to start")
+    # "slow" runs until released; the next one queues behind it with a short deadline.
     with pytest.raises(SoftTimeLimitExceeded):
         batcher.submit("late", deadline=time.monotonic() + 0.1)
-    t.join(5)
+    hold.set()
+    t.join(10)
     assert out["slow"] == "done:slow"
-    time.sleep(0.5)
-    assert ["late"] not in run.calls  # dropped before its batch started: no work for nobody
+    _probe(batcher)
+    assert not any("late" in call for call in run.calls)  # dropped before its batch started
 
 
 def test_cancel_while_waiting_leaves_the_batch() -> None:
     from tasks.generators.base import Canceled
 
-    run = Recorder(delay=0.6)
+    hold = threading.Event()
+    run = Recorder(hold=hold)
     batcher = MicroBatcher("t", run, max_size=1, max_wait_s=0)
-    threading.Thread(target=lambda: batcher.submit("first", deadline=time.monotonic() + 10)).start()
-    time.sleep(0.05)
+    first = threading.Thread(target=lambda: batcher.submit("first", deadline=time.monotonic() + 30))
+    first.start()
+    wait_for(lambda: run.calls == [["first"]], 10, 0.01, "the first batch to start")
+    # "second" waits behind the running one (max_size 1) until its cancel check says stop.
     with pytest.raises(Canceled):
-        batcher.submit("second", deadline=time.monotonic() + 10, should_cancel=lambda: True)
+        batcher.submit("second", deadline=time.monotonic() + 30, should_cancel=lambda: True)
+    hold.set()
+    first.join(10)
+    _probe(batcher)
+    assert run.calls == [["first"], ["probe"]]  # the canceled request never ran
 
 
 def test_requests_of_different_shapes_are_not_mixed() -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -11,6 +13,7 @@ import pytest
 from app import create_app
 from models import Job
 from models.cache import cache_key
+from tests.support.jobs import broker_idle, thread_workers
 from tests.test_api_jobs import broker_messages
 
 
@@ -82,20 +85,40 @@ def test_cache_key_covers_prompt_params_and_model_versions(settings) -> None:
 # --- finished results ---------------------------------------------------------------------------
 
 
-def test_identical_seeded_request_is_answered_from_the_finished_job(client, worker, broker) -> None:
-    first = submit(client).get_json()
-    assert first["cached"] is False
-    done = wait_done(client, first["id"])
+@contextmanager
+def published() -> Iterator[list[str]]:
+    """Names of the tasks this process publishes meanwhile (Celery's before_task_publish)."""
+    from celery.signals import before_task_publish
+
+    sent: list[str] = []
+
+    def record(sender: str | None = None, **_: Any) -> None:
+        sent.append(str(sender))
+
+    before_task_publish.connect(record, weak=False)
+    try:
+        yield sent
+    finally:
+        before_task_publish.disconnect(record)
+
+
+def test_identical_seeded_request_is_answered_from_the_finished_job(client, settings, broker) -> None:
+    with thread_workers(settings):
+        first = submit(client).get_json()
+        assert first["cached"] is False
+        done = wait_done(client, first["id"])
     assert done["status"] == "succeeded"
     broker.flushdb()
-    resp = submit(client, prompt="  a   fox ")
+    # No worker consumes now: a message the hit published would still be waiting in a queue.
+    with published() as sent:
+        resp = submit(client, prompt="  a   fox ")
     assert resp.status_code == 200
     hit = resp.get_json()
     assert hit["id"] != first["id"]
     assert (hit["status"], hit["cached"], hit["source_job_id"]) == ("succeeded", True, first["id"])
     assert hit["outputs"]["text"] == done["outputs"]["text"] and hit["progress"] == 100
     assert hit["timings"]["gpu_s"] is None  # no model ran for it
-    assert broker_messages(broker, "text") == []  # the queues never saw it
+    assert sent == [] and broker_idle(broker)  # the queues never saw it
     assert client.get(f"/v1/jobs/{hit['id']}").get_json()["cached"] is True
 
 

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 
+from tests.support.generators import Run, runs
 from tests.support.jobs import broker_idle, event_rows, events, files, get, thread_workers, wait_until
 from tests.support.procs import wait_for
 
 GEN = "tests.support.generators"
+VIDEO = {"width": 64, "height": 64, "num_frames": 5, "steps": 40}
+TOKENS, STEPS = 400, 100  # far longer than STOP_S uncanceled (0.2 s a token, 0.5 s a step)
+STOP_S = 15  # how soon a canceled stage must have stopped and freed its worker
 
 
 def _submit(client, **body) -> uuid.UUID:
     payload = {"prompt": "a fox in the snow at dusk", "modality": "video"}
-    payload["params"] = {"width": 64, "height": 64, "num_frames": 5, "steps": 40}
+    payload["params"] = VIDEO
     resp = client.post("/v1/jobs", json=payload | body)
     assert resp.status_code == 202, resp.get_json()
     return uuid.UUID(resp.get_json()["id"])
@@ -39,15 +44,27 @@ def test_a_canceled_queued_job_never_starts(client, settings, sessions, broker):
     assert events(sessions, jid) == ["job.canceled", "job.compensated"]
 
 
+def _stopped(run: Run) -> bool:
+    return run.ended is not None
+
+
 def test_cancel_while_the_text_stage_runs_stops_at_a_token(client, settings, sessions, broker, monkeypatch):
     monkeypatch.setenv("GENQUEUE_TEST_TOKEN_SECONDS", "0.2")
+    tag = f"text-{uuid.uuid4().hex[:8]}"
+    prompt = " ".join([tag, *(f"w{i}" for i in range(TOKENS - 1))])
     with thread_workers(settings, text_model=f"{GEN}:SlowText"):
-        jid = _submit(client, prompt=" ".join(f"word{i}" for i in range(200)))  # ~40 s uncanceled
-        wait_until(sessions, jid, lambda j: j.status == "running", 60, "running")
+        jid = _submit(client, prompt=prompt, params=VIDEO | {"max_new_tokens": TOKENS})  # 80 s uncanceled
+        [run] = wait_for(lambda: [r for r in runs(tag) if r.steps >= 3], 60, what="tokens to come out")
         body = _cancel(client, jid).get_json()
+        canceled_at = time.monotonic()
         assert (body["status"], body["error"]["stage"]) == ("canceled", "text")
+        # Only a working cancel ends the stage this soon: uncanceled it has ~75 s of tokens left.
+        wait_for(lambda: _stopped(run), STOP_S, what="the text stage to stop")
+        wait_for(lambda: broker_idle(broker), STOP_S, what="the worker to let the message go")
         wait_for(lambda: _compensated(sessions, jid), 30, what="compensation")
-        wait_for(lambda: broker_idle(broker), 30, what="the stage to stop")
+    assert run.outcome == "Canceled" and run.steps < TOKENS
+    assert run.ended is not None and run.ended - canceled_at < STOP_S
+    assert len(runs(tag)) == 1  # not run again after the cancel
     job = get(sessions, jid)
     assert job.status == "canceled" and job.output_text is None
     assert "job.text.completed" not in events(sessions, jid)
@@ -55,16 +72,23 @@ def test_cancel_while_the_text_stage_runs_stops_at_a_token(client, settings, ses
 
 
 def test_cancel_while_the_video_stage_runs_stops_at_a_step(client, settings, sessions, broker, monkeypatch):
-    monkeypatch.setenv("GENQUEUE_ECHO_STEP_SECONDS", "0.25")  # 40 steps: ~10 s uncanceled
-    with thread_workers(settings):
-        jid = _submit(client)
-        wait_until(sessions, jid, lambda j: j.stage == "video" and j.progress > 20, 60, "video progress")
+    monkeypatch.setenv("GENQUEUE_ECHO_STEP_SECONDS", "0.5")  # 100 steps: ~50 s uncanceled
+    tag = f"video-{uuid.uuid4().hex[:8]}"
+    with thread_workers(settings, video_model=f"{GEN}:TracedVideo"):
+        jid = _submit(client, prompt=f"a fox in the snow {tag}", params=VIDEO | {"steps": STEPS})
+        [run] = wait_for(lambda: [r for r in runs(tag) if r.steps >= 3], 60, what="diffusion steps")
         body = _cancel(client, jid).get_json()
+        canceled_at, progress_then = time.monotonic(), get(sessions, jid).progress
         assert (body["status"], body["error"]["stage"]) == ("canceled", "video")
-        wait_for(lambda: broker_idle(broker), 30, what="the stage to stop")
+        wait_for(lambda: _stopped(run), STOP_S, what="the video stage to stop")
+        wait_for(lambda: broker_idle(broker), STOP_S, what="the worker to let the message go")
         wait_for(lambda: _compensated(sessions, jid), 30, what="compensation")
+    assert run.outcome == "Canceled" and run.steps < STEPS
+    assert run.ended is not None and run.ended - canceled_at < STOP_S
+    assert len(runs(tag)) == 1
     job = get(sessions, jid)
-    assert job.status == "canceled" and job.progress < 95 and job.artifact_path is None
+    assert job.status == "canceled" and job.artifact_path is None
+    assert job.progress == progress_then  # no progress recorded after the cancel
     assert files(settings.artifact_dir, jid) == []
     assert len(event_rows(sessions, jid, "job.compensated")) == 1
     assert events(sessions, jid).count("job.canceled") == 1

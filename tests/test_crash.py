@@ -7,16 +7,21 @@ transition and one completion event.
 
 from __future__ import annotations
 
+import os
 import signal
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
+from tests.support.generators import runs
 from tests.support.jobs import broker_idle, event_rows, events, files, get, submit, thread_workers, wait_done
 from tests.support.jobs import wait_until as wait_job
 from tests.support.procs import RabbitVhost, Worker, rabbitmq_available, wait_for, worker_env
 
+GEN = "tests.support.generators"
 STEP_S = "0.3"
 LONG = {"steps": 12}  # ~3.6 s of video stage: time to kill it in the middle
 
@@ -105,20 +110,96 @@ def test_sigkill_of_the_whole_video_worker_then_a_new_one_rabbitmq(settings, ses
     _assert_completed_once(settings, sessions, jid)
 
 
-def test_a_duplicated_video_message_makes_one_artifact_and_one_completion(settings, sessions, broker):
+def _paused_at(folder: Path, jid: uuid.UUID, point: str) -> int:
+    """The pid of the process PausingVideo stopped at `point` for this job."""
+    marker = folder / f"{jid}.{point}"
+    wait_for(lambda: marker.exists() and marker.read_text(), 120, what=f"the video stage to pause: {point}")
+    return int(marker.read_text())
+
+
+def _temp_files(settings, jid: uuid.UUID) -> list[str]:
+    return [f for f in files(settings.artifact_dir, jid) if ".tmp-" in f]
+
+
+@pytest.mark.slow
+def test_sigkill_mid_write_and_after_the_commit_leaves_one_artifact_and_no_temp_files(
+    settings, sessions, broker, spawn, tmp_path
+):
+    """Kill the pool child with the MP4 half-published (temp file, no rename), then the next one
+    after it committed the success but before the sweep and the ack: the third delivery finds
+    the job done. One artifact, one completion, and the first attempt's temp file swept."""
+    pauses = tmp_path / "pauses"
+    pauses.mkdir()
+    paused = settings.model_copy(update={"video_model": f"{GEN}:PausingVideo"})
+    spawn(paused, "text,default", pool="threads", concurrency=2)
+    video = spawn(paused, "video", GENQUEUE_TEST_PAUSE_DIR=str(pauses))
+    from tasks.celery_app import create_celery
+
+    app = create_celery(paused, set_as_current=False)
+    jid = submit(sessions, app)
+    pid = _paused_at(pauses, jid, "written")
+    assert _temp_files(settings, jid) and get(sessions, jid).status == "running"
+    os.kill(pid, signal.SIGKILL)  # reject_on_worker_lost: the message goes back
+    pid = _paused_at(pauses, jid, "committed")
+    assert get(sessions, jid).status == "succeeded"
+    assert _temp_files(settings, jid), "the killed attempt's temp file is still there"
+    os.kill(pid, signal.SIGKILL)  # committed, not acked: delivered a third time
+    # The third delivery runs to its ack (the killed ones never log a result).
+    wait_for(lambda: f"[{jid}.video] succeeded" in video.log_text(), 120, what="the third delivery")
+    wait_for(lambda: broker_idle(broker), 30, what="no message left behind")
+    _assert_completed_once(settings, sessions, jid)
+    assert len(event_rows(sessions, jid, "job.succeeded")) == 1
+    assert get(sessions, jid).artifact_path == f"{jid}/video.mp4"
+
+
+@contextmanager
+def _video_tasks_ended(jid: uuid.UUID) -> Iterator[list[str]]:
+    """Task ids of the generate_video executions that ended in this process (any outcome)."""
+    from celery.signals import task_postrun
+
+    ended: list[str] = []
+
+    def record(task_id: str | None = None, **_: object) -> None:
+        if task_id == f"{jid}.video":
+            ended.append(task_id)
+
+    task_postrun.connect(record, weak=False)
+    try:
+        yield ended
+    finally:
+        task_postrun.disconnect(record)
+
+
+def test_a_duplicated_video_message_makes_one_artifact_and_one_completion(
+    settings, sessions, broker, monkeypatch
+):
+    """Copies of the video message (a crash before the ack, the reaper) arrive while the video
+    stage runs and after it finished: the one during the run re-enters the stage (counted as an
+    attempt; the stage may run twice, its effects happen once), the later ones do nothing."""
     from tasks.celery_app import create_celery
     from tasks.publish import publish_job
 
+    monkeypatch.setenv("GENQUEUE_ECHO_STEP_SECONDS", "0.2")  # 20 steps: ~4 s of video stage
+    tag = f"dup-{uuid.uuid4().hex[:8]}"
     app = create_celery(settings, set_as_current=False)
-    jid = submit(sessions, app)
-    publish_job(app, jid, "video", "normal")  # the whole chain twice...
-    for _ in range(2):  # ...and the video stage twice more, as a crash before the ack would
-        publish_job(app, jid, "video", "normal", stage="video")
-    with thread_workers(settings):
+    jid = submit(sessions, app, prompt=f"a red fox {tag}", steps=20)
+    with thread_workers(settings, video_model=f"{GEN}:TracedVideo"), _video_tasks_ended(jid) as ended:
+        wait_for(lambda: any(r.steps >= 2 for r in runs(tag)), 60, what="the video stage to run")
+        publish_job(app, jid, "video", "normal", stage="video")  # a copy while it runs...
+        wait_job(sessions, jid, lambda j: j.attempts == 2, 30, "the copy to re-enter the running stage")
         job = wait_done(sessions, jid)
-        wait_for(lambda: broker_idle(broker), 30, what="every copy to be consumed")
+        ran = len(runs(tag))
+        publish_job(app, jid, "video", "normal")  # ...the whole chain again after it finished...
+        publish_job(app, jid, "video", "normal", stage="video")  # ...and the video stage once more
+        wait_for(lambda: len(ended) == 4, 60, what="every video message to be consumed")
+        wait_for(lambda: broker_idle(broker), 30, what="every copy to be acked")
     assert job.status == "succeeded"
     assert events(sessions, jid) == ["job.started", "job.text.completed", "job.succeeded"]
+    assert get(sessions, jid).attempts == 2  # the copies after the end never entered the stage
+    assert len(runs(tag)) == ran <= 2  # and never ran the model
+    # The copy that re-entered the running stage either never reached the model (dropped from
+    # the batch once the job had succeeded) or was stopped there by the job's success.
+    assert [r.outcome for r in runs(tag)] in (["finished"], ["finished", "Canceled"])
     assert files(settings.artifact_dir, jid) == ["thumbnail.jpg", "video.mp4"]
     assert get(sessions, jid).artifact_path == f"{jid}/video.mp4"
 

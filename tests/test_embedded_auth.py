@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from flask.testing import FlaskClient
 
 from app import create_app
 from tasks.embedded import DEV_KEY_FILE, embedded_dev_key, embedded_settings, embedded_worker
+from tests.support.procs import wait_for
 
 
 def test_embedded_mode_runs_a_job_with_its_development_key(tmp_path: Path) -> None:
@@ -24,12 +24,12 @@ def test_embedded_mode_runs_a_job_with_its_development_key(tmp_path: Path) -> No
         headers = {"Authorization": f"Bearer {key}"}
         resp = anon.post("/v1/jobs", json={"prompt": "a haiku", "modality": "text"}, headers=headers)
         assert resp.status_code == 202 and resp.headers["RateLimit-Limit"]
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+
+        def finished() -> dict | None:
             job = anon.get(resp.headers["Location"], headers=headers).get_json()
-            if job["status"] == "succeeded":
-                break
-            time.sleep(0.05)
+            return job if job["status"] in ("succeeded", "failed", "canceled") else None
+
+        job = wait_for(finished, 30, 0.05, "the job to finish")
         assert job["status"] == "succeeded" and "a haiku" in job["outputs"]["text"]
         flask_app.extensions["genqueue"].engine.dispose()
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from pathlib import Path
 
@@ -87,15 +86,21 @@ def test_missing_or_invalid_key_is_401(anon_client, sessions, method, path, auth
 
 
 def test_revoked_key_is_401_within_the_key_cache_ttl(settings, sessions, broker, api_key, cli):
-    from app import create_app
+    from cachetools import TTLCache
 
-    app = create_app(settings.model_copy(update={"auth_cache_s": 0.5}))
+    from app import create_app
+    from app.auth import EXTENSION
+
+    app = create_app(settings.model_copy(update={"auth_cache_s": 30}))
+    clock = [0.0]  # the key cache's clock, moved by hand: no wall-clock window to miss
+    app.extensions[EXTENSION]._cache = TTLCache(10_000, 30, timer=lambda: clock[0])
     app.test_client_class = authed_client_class(api_key)
     client = app.test_client()
     assert submit(client).status_code == 202  # the key is now cached by this process
     assert cli("keys", "revoke", api_key.split("_")[1]).exit_code == 0
+    clock[0] = 29.5
     assert client.get("/v1/jobs").status_code == 200  # still trusted until the entry expires
-    time.sleep(0.6)
+    clock[0] = 30.5
     problem(client.get("/v1/jobs"), 401)
     problem(submit(client), 401)
 

@@ -2,7 +2,8 @@
 
 Each one misbehaves in one way a real model can: fails transiently a few times, runs slowly
 token by token, runs out of memory above a size, costs time in proportion to its size, or
-kills its own process.
+kills its own process. SlowText and TracedVideo record each request's run (steps done, how it
+ended) so an in-process test can tell a stage that stopped from one that ran to the end.
 """
 
 from __future__ import annotations
@@ -12,7 +13,11 @@ import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from tasks.generators.base import (
     CancelCheck,
@@ -30,6 +35,45 @@ from tasks.generators.echo import EchoTextGenerator, EchoVideoGenerator
 _calls: Counter[str] = Counter()
 _lock = threading.Lock()
 FLAKY = re.compile(r"\[\[flaky:(\d+)\]\]")
+
+
+@dataclass
+class Run:
+    """One request's pass through a traced adapter's generate() in this process."""
+
+    prompt: str
+    started: float = field(default_factory=time.monotonic)
+    steps: int = 0  # tokens emitted or diffusion steps done so far
+    ended: float | None = None
+    outcome: str | None = None  # "finished", or the class name of what it raised ("Canceled")
+
+
+_runs: list[Run] = []
+
+
+def runs(marker: str) -> list[Run]:
+    """The runs in this process whose prompt contains `marker`, oldest first."""
+    with _lock:
+        return [r for r in _runs if marker in r.prompt]
+
+
+def _finish(batch: list[Run], outcome: str) -> None:
+    now = time.monotonic()
+    for run in batch:
+        run.ended, run.outcome = now, outcome
+
+
+@contextmanager
+def _traced(prompts: Sequence[str]) -> Iterator[list[Run]]:
+    batch = [Run(p) for p in prompts]
+    with _lock:
+        _runs.extend(batch)
+    try:
+        yield batch
+    except BaseException as exc:
+        _finish(batch, type(exc).__name__)
+        raise
+    _finish(batch, "finished")
 
 
 class FlakyText(EchoTextGenerator):
@@ -53,15 +97,36 @@ class SlowText(EchoTextGenerator):
     def generate(self, requests: Sequence[TextRequest], should_cancel: CancelCheck | None = None):
         delay = float(os.environ.get("GENQUEUE_TEST_TOKEN_SECONDS") or 0.2)
         out = []
-        for req in requests:
-            words: list[str] = []
-            for word in req.prompt.split()[: req.max_new_tokens]:
-                if should_cancel is not None and should_cancel():
-                    raise Canceled("text generation canceled")
-                time.sleep(delay)
-                words.append(word)
-            out.append(TextResult(" ".join(words), len(words), delay * len(words)))
+        with _traced([r.prompt for r in requests]) as traced:
+            for req, run in zip(requests, traced, strict=True):
+                words: list[str] = []
+                for word in req.prompt.split()[: req.max_new_tokens]:
+                    if should_cancel is not None and should_cancel():
+                        raise Canceled("text generation canceled")
+                    time.sleep(delay)
+                    words.append(word)
+                    run.steps = len(words)
+                out.append(TextResult(" ".join(words), len(words), delay * len(words)))
         return out
+
+
+class TracedVideo(EchoVideoGenerator):
+    """The echo video adapter (GENQUEUE_ECHO_STEP_SECONDS per step), recording each run."""
+
+    def generate(
+        self,
+        requests: Sequence[VideoRequest],
+        on_step: StepCallback | None = None,
+        should_cancel: CancelCheck | None = None,
+    ) -> list[VideoResult]:
+        with _traced([r.prompt for r in requests]) as traced:
+
+            def step(index: int, done: int, total: int) -> None:
+                traced[index].steps = done
+                if on_step is not None:
+                    on_step(index, done, total)
+
+            return super().generate(requests, step, should_cancel)
 
 
 class SizeLimitedVideo(EchoVideoGenerator):
@@ -111,3 +176,48 @@ class CrashingVideo(EchoVideoGenerator):
         if any("[[crash]]" in req.prompt for req in requests):
             os._exit(137)
         return super().generate(requests, on_step, should_cancel)
+
+
+class PausingVideo(EchoVideoGenerator):
+    """With GENQUEUE_TEST_PAUSE_DIR set, its process stops dead twice per job, for a kill test.
+
+    `written`: the MP4 is complete under its temp name, not yet renamed (nor the job committed).
+    `committed`: the stage has committed the job's success; the temp sweep and the ack are next.
+    Each pause happens once per job: it creates `<dir>/<job id>.<point>` holding its pid, then
+    sleeps until killed. load() installs the pauses in each (pool child) process that loads it.
+    """
+
+    def load(self) -> None:
+        folder = os.environ.get("GENQUEUE_TEST_PAUSE_DIR")
+        if folder:
+            _install_pauses(Path(folder))
+
+
+def _pause(folder: Path, job_id: object, point: str) -> None:
+    try:
+        with open(folder / f"{job_id}.{point}", "x") as marker:
+            marker.write(str(os.getpid()))
+    except FileExistsError:
+        return  # paused here before (and killed): carry on this time
+    while True:
+        time.sleep(60)
+
+
+def _install_pauses(folder: Path) -> None:
+    from tasks import artifacts, media
+
+    encode, sweep = media._encode, artifacts.sweep_temp
+    if getattr(encode, "paused", False):
+        return
+
+    def paused_encode(path: str, fmt: str, *args: Any, **kwargs: Any) -> None:
+        encode(path, fmt, *args, **kwargs)
+        if fmt == "mp4":  # the temp file is whole; os.replace comes next
+            _pause(folder, Path(path).parent.name, "written")
+
+    def paused_sweep(root: Path, job_id: Any) -> int:
+        _pause(folder, job_id, "committed")  # the pipeline sweeps right after the commit
+        return sweep(root, job_id)
+
+    paused_encode.paused = True  # type: ignore[attr-defined]
+    media._encode, artifacts.sweep_temp = paused_encode, paused_sweep  # type: ignore[assignment]

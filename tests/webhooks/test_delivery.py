@@ -10,18 +10,40 @@ from datetime import datetime
 from urllib.parse import urlsplit
 
 import pytest
-from sqlalchemy import select, text
+from sqlalchemy import func, select, text
 from werkzeug import Response
 
 from models import ssrf
-from models.webhook import WebhookDelivery, WebhookEndpoint
+from models.webhook import DeliveryStatus, WebhookDelivery, WebhookEndpoint, WebhookMessage
 from tasks.webhooks import _lock_args
 from tests.support.procs import wait_for
 from tests.webhooks.helpers import deliveries, secret, submit, wait_job
 from tests.webhooks.test_ssrf import fake_dns
 
 
-def test_terminal_event_is_signed_and_carries_the_job_resource(hook_client, hook_worker, receiver):
+def settled(sessions, job_id: str) -> bool:
+    """Nothing more will be sent for this finished job: every webhook message of it fanned out,
+    no delivery pending (a retry scheduled counts as pending). Call once the job has finished."""
+    jid = uuid.UUID(job_id)
+    with sessions() as s:
+        unsent = s.scalar(
+            select(func.count())
+            .select_from(WebhookMessage)
+            .where(WebhookMessage.job_id == jid, WebhookMessage.fanned_out_at.is_(None))
+        )
+        pending = s.scalar(
+            select(func.count())
+            .select_from(WebhookDelivery)
+            .where(WebhookDelivery.job_id == jid, WebhookDelivery.status == DeliveryStatus.PENDING)
+        )
+    return unsent == 0 and pending == 0
+
+
+def wait_settled(sessions, job_id: str) -> None:
+    wait_for(lambda: settled(sessions, job_id), 30, 0.05, f"job {job_id}'s webhooks to settle")
+
+
+def test_terminal_event_is_signed_and_carries_the_job_resource(hook_client, hook_worker, receiver, sessions):
     job_id = submit(hook_client, receiver)
     job = wait_job(hook_client, job_id)
     receiver.wait_for(lambda r: len(r.calls) == 1)
@@ -32,7 +54,7 @@ def test_terminal_event_is_signed_and_carries_the_job_resource(hook_client, hook
     assert payload["data"] == job  # exactly what GET /v1/jobs/{id} returns
     assert payload["timestamp"].endswith("Z")
     assert call.headers["Content-Type"] == "application/json"
-    time.sleep(0.3)
+    wait_settled(sessions, job_id)
     assert len(receiver.calls) == 1, "default events are the terminal ones: no started/text events"
     [d] = deliveries(hook_client, job_id)
     assert (d["status"], d["attempts"], d["webhook_id"]) == ("delivered", 1, payload["id"])
@@ -115,13 +137,13 @@ def test_retry_after_is_honoured(hook_client, hook_worker, receiver):
 
 
 @pytest.mark.parametrize("overrides", [{"webhook_retry_schedule_s": [0.05, 0.05]}])
-def test_exhausted_delivery_fails_and_replays_with_the_same_id(hook_client, hook_worker, receiver):
+def test_exhausted_delivery_fails_and_replays_with_the_same_id(hook_client, hook_worker, receiver, sessions):
     receiver.reply = lambda n, p: Response("down", status=500)
     job_id = submit(hook_client, receiver)
     receiver.wait_for(lambda r: len(r.calls) == 3)
-    deadline = time.monotonic() + 10
-    while (d := deliveries(hook_client, job_id)[0])["status"] == "pending" and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_job(hook_client, job_id)
+    wait_settled(sessions, job_id)
+    d = deliveries(hook_client, job_id)[0]
     assert (d["status"], d["attempts"]) == ("failed", 3)
     assert d["attempt_log"][0]["response_excerpt"] == "down"
     receiver.reply = lambda n, p: Response(status=204)
@@ -131,7 +153,7 @@ def test_exhausted_delivery_fails_and_replays_with_the_same_id(hook_client, hook
     receiver.wait_for(lambda r: len(r.delivered()) == 1)
     assert receiver.calls[-1].headers["Webhook-Id"] == d["webhook_id"]
     receiver.verify(secret(hook_client), receiver.calls[-1])
-    time.sleep(0.2)
+    wait_settled(sessions, job_id)  # the delivery is recorded after the receiver answered
     replayed = deliveries(hook_client, job_id)[0]
     assert (replayed["status"], replayed["attempts"]) == ("delivered", 4)
 
@@ -141,11 +163,7 @@ def test_410_disables_the_endpoint(hook_client, hook_worker, receiver, sessions)
     job_id = submit(hook_client, receiver, events=["job.started", "job.text.completed", "job.succeeded"])
     wait_job(hook_client, job_id)
     receiver.wait_for(lambda r: len(r.calls) == 1)
-    deadline = time.monotonic() + 10
-    while any(d["status"] == "pending" for d in deliveries(hook_client, job_id)):
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    time.sleep(0.3)
+    wait_settled(sessions, job_id)
     assert len(receiver.calls) == 1, "nothing more goes to an endpoint that answered 410"
     log = deliveries(hook_client, job_id)
     # Later events either queued behind it (now disabled) or were never queued (fanned out after).
@@ -224,12 +242,13 @@ def test_410_stops_what_other_jobs_have_not_sent_yet(
     ]
 
 
-def test_redirects_are_not_followed(hook_client, hook_worker, receiver, httpserver):
+def test_redirects_are_not_followed(hook_client, hook_worker, receiver, httpserver, sessions):
     elsewhere = httpserver.url_for("/elsewhere")
     receiver.reply = lambda n, p: Response(status=307, headers={"Location": elsewhere})
     job_id = submit(hook_client, receiver)
     receiver.wait_for(lambda r: len(r.calls) == 1)
-    time.sleep(0.3)
+    wait_job(hook_client, job_id)
+    wait_settled(sessions, job_id)
     [d] = deliveries(hook_client, job_id)
     assert (d["status"], d["last_status_code"], len(receiver.calls)) == ("failed", 307, 1)
     assert all(req.path != "/elsewhere" for req, _ in httpserver.log)
@@ -249,8 +268,9 @@ def test_registered_endpoint_gets_every_event_until_deleted(hook_client, hook_wo
     assert hook_client.delete(f"/v1/webhooks/{endpoint['id']}").status_code == 204
     assert hook_client.get("/v1/webhooks").get_json()["data"] == []
     assert hook_client.delete(f"/v1/webhooks/{endpoint['id']}").status_code == 404
-    wait_job(hook_client, submit(hook_client))
-    time.sleep(0.3)
+    second = submit(hook_client)
+    wait_job(hook_client, second)
+    wait_settled(sessions, second)  # its events were fanned out: to no endpoint
     assert len(receiver.calls) == 3
     with sessions() as s:
         assert s.scalars(select(WebhookDelivery)).all().__len__() == 3
@@ -290,10 +310,7 @@ def test_cancel_from_the_api_is_delivered(hook_client, hook_worker, receiver, mo
     monkeypatch.setenv("GENQUEUE_ECHO_STEP_SECONDS", "0.2")
     params = {"width": 64, "height": 64, "num_frames": 5, "steps": 50}
     job_id = submit(hook_client, receiver, modality="video", params=params)
-    deadline = time.monotonic() + 20
-    while hook_client.get(f"/v1/jobs/{job_id}").get_json()["status"] == "queued":
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_for(lambda: hook_client.get(f"/v1/jobs/{job_id}").get_json()["status"] != "queued", 20, 0.05)
     assert hook_client.post(f"/v1/jobs/{job_id}/cancel").status_code == 200
     receiver.wait_for(lambda r: len(r.calls) == 1)
     payload = receiver.verify(secret(hook_client), receiver.calls[0])
