@@ -21,9 +21,9 @@ from sqlalchemy.orm import Session
 from app import idempotency, services
 from app.admission import admission
 from app.auth import current_principal, owned, tenant_id
+from app.body import parse as parse_body
 from app.errors import (
     UNAVAILABLE,
-    BadRequest,
     Conflict,
     NotFound,
     PayloadTooLarge,
@@ -119,17 +119,15 @@ def _json_body() -> Any:
             "The body must be JSON (Content-Type: application/json).",
             errors=_body(f"Content-Type is {mime or 'missing'}"),
         )
+    charset = request.mimetype_params.get("charset", "utf-8").lower()
+    if charset not in ("utf-8", "utf8"):  # JSON is UTF-8 (RFC 8259 8.1); nothing else is decoded
+        raise UnsupportedMediaType(
+            "The body must be UTF-8 encoded JSON.", errors=_body(f"charset is {charset[:40]}")
+        )
     raw = request.get_data(cache=False)  # MAX_CONTENT_LENGTH (limit + 1) bounds chunked bodies
     if len(raw) > limit:
         raise too_large
-
-    def no_constants(name: str) -> Any:
-        raise ValueError(f"{name} is not JSON")
-
-    try:
-        return json.loads(raw, parse_constant=no_constants)
-    except ValueError as exc:  # includes invalid UTF-8
-        raise BadRequest("The body is not valid JSON.", errors=_body(str(exc))) from None
+    return parse_body(raw, services().settings.max_json_depth)
 
 
 @bp.post("/jobs")

@@ -93,6 +93,13 @@ class Settings(BaseSettings):
     max_waiters: int = 4  # concurrent `Prefer: wait` requests per web process; more answer at once
 
     max_body_bytes: int = 64 * 1024
+    max_json_depth: int = Field(
+        32,
+        ge=1,
+        le=500,  # the JSON decoder recurses once per level: far below Python's recursion limit
+        description="Deepest nesting of arrays and objects a request body may have (the API's own "
+        "bodies need 3); deeper bodies get 400 before they are decoded.",
+    )
     prompt_max_chars: int = 4000
     default_width: int = 256
     default_height: int = 256
