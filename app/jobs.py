@@ -13,6 +13,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from flask import Blueprint, Response, current_app, jsonify, request, send_from_directory
+from flask.blueprints import BlueprintSetupState
 from pydantic import ValidationError
 from sqlalchemy import Select, bindparam, delete, select, tuple_
 from sqlalchemy.exc import IntegrityError
@@ -31,6 +32,7 @@ from app.errors import (
     UnsupportedMediaType,
     ValidationFailed,
 )
+from app.prompt_check import PromptCheck
 from app.published import PublishedMarks
 from app.queue import QueueCounts
 from app.schemas import ListQuery, complete_params, field_errors, parse_job
@@ -83,6 +85,20 @@ def _published() -> PublishedMarks:
     if "genqueue.published" not in ext:
         ext["genqueue.published"] = PublishedMarks(services().sessions)
     return ext["genqueue.published"]  # type: ignore[no-any-return]
+
+
+@bp.record_once
+def _warm_prompt_check(state: BlueprintSetupState) -> None:
+    """Start loading the text model's tokenizer with the app, not on the first submit."""
+    settings = state.app.extensions["genqueue"].settings
+    state.app.extensions["genqueue.prompt_check"] = PromptCheck(settings.text_model)
+
+
+def _prompt_check() -> PromptCheck:
+    ext = current_app.extensions
+    if "genqueue.prompt_check" not in ext:
+        ext["genqueue.prompt_check"] = PromptCheck(services().settings.text_model)
+    return ext["genqueue.prompt_check"]  # type: ignore[no-any-return]
 
 
 def _waiters() -> Waiters:
@@ -139,6 +155,8 @@ def submit() -> Answer:
         req = parse_job(body, svc.settings)
     except ValidationError as exc:
         raise ValidationFailed("The job is invalid.", errors=field_errors(exc, body)) from None
+    if (too_long := _prompt_check().error(req.prompt)) is not None:  # the worker would refuse it
+        raise ValidationFailed("The job is invalid.", errors=[{"field": "prompt", "message": too_long}])
     who = current_principal()
     idem = idempotency.from_request(body, who.tenant_id)
     if idem is not None and (prior := idem.prior(svc.sessions)) is not None:

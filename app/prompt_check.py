@@ -1,0 +1,49 @@
+"""Submit-time check of the text model's prompt limit, counted as the worker will count it, without torch."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+from tasks.generators.prompt_limit import PromptCounter, counter_for
+
+log = logging.getLogger("genqueue.api")
+LOAD_WAIT_S = 30.0  # the first build from the GGUF takes seconds; later processes read a cache file
+
+
+class PromptCheck:
+    """Loads the text model's tokenizer in the background once per process; then counts prompts.
+
+    Until it is loaded, or when it cannot be (echo, a custom adapter, missing files), prompts are
+    accepted: the adapter enforces the same limit when it runs, so none is wrongly refused here.
+    """
+
+    def __init__(self, text_model: str) -> None:
+        self._text_model = text_model
+        self._counter: PromptCounter | None = None
+        self._start()
+
+    def _start(self) -> None:
+        # A forked child (a preloading server) inherits no thread: it loads its own.
+        self._pid, self._ready, self._counter = os.getpid(), threading.Event(), None
+        threading.Thread(target=self._load, name="prompt-limit", daemon=True).start()
+
+    def _load(self) -> None:
+        try:
+            self._counter = counter_for(self._text_model)
+        except Exception as exc:  # a broken install must not break submits: the worker still checks
+            log.warning("prompt token limit not checked at submit (%s): %s", self._text_model, exc)
+        finally:
+            self._ready.set()
+
+    def error(self, prompt: str) -> str | None:
+        """Why the text model will refuse this prompt, or None."""
+        if self._pid != os.getpid():
+            self._start()
+        if not self._ready.wait(LOAD_WAIT_S) or self._counter is None:
+            return None
+        tokens = self._counter.too_long(prompt)
+        if tokens is None:
+            return None
+        return f"is {tokens} tokens for the text model; the limit is {self._counter.limit}"
