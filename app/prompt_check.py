@@ -6,10 +6,11 @@ import logging
 import os
 import threading
 
-from tasks.generators.prompt_limit import PromptCounter, counter_for
+from tasks.generators.prompt_limit import MAX_PROMPT_TOKENS, SYSTEM_PROMPT, PromptCounter, counter_for
 
 log = logging.getLogger("genqueue.api")
 LOAD_WAIT_S = 30.0  # the first build from the GGUF takes seconds; later processes read a cache file
+TEMPLATE_BYTES = 512  # room for a chat template's own markup around the system prompt and the prompt
 
 
 class PromptCheck:
@@ -41,6 +42,9 @@ class PromptCheck:
         """Why the text model will refuse this prompt, or None."""
         if self._pid != os.getpid():
             self._start()
+        quick = len(prompt.encode("utf-8")) + len(SYSTEM_PROMPT.encode("utf-8")) + TEMPLATE_BYTES
+        if quick <= MAX_PROMPT_TOKENS and not self._ready.is_set():
+            return None  # fits while the tokenizer loads: BPE and byte fallback make <= 1 token per byte
         if not self._ready.wait(LOAD_WAIT_S) or self._counter is None:
             return None
         tokens = self._counter.too_long(prompt)
