@@ -215,8 +215,14 @@ def test_non_json_body_is_415(reject, content_type):
 
 
 @pytest.mark.parametrize(
-    "raw", [b"{", b'{"prompt": "p",}', b"", b"\xff\xfe{}", b'{"prompt": NaN}', b"{'a': 1}"]
-)
+    "raw",
+    [
+        b"{", b'{"prompt": "p",}', b"", b"\xff\xfe{}", b'{"prompt": NaN}', b"{'a': 1}",
+        b'{"prompt": "p", "modality": "text", "params": {"temperature": 1e999}}',
+        '{"prompt": "p", "modality": "text"}'.encode("utf-16-le"),
+        b"[" * 5000 + b"]" * 5000,
+    ],
+)  # fmt: skip
 def test_unparseable_json_is_400(reject, raw):
     reject(None, 400, "body", data=raw, content_type="application/json")
 
