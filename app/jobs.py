@@ -25,6 +25,7 @@ from app.auth import current_principal, owned, tenant_id
 from app.body import parse as parse_body
 from app.errors import (
     UNAVAILABLE,
+    BadRequest,
     Conflict,
     NotFound,
     PayloadTooLarge,
@@ -297,9 +298,12 @@ def _encode_cursor(job: Job) -> str:
 
 def _decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
     try:
-        created, jid = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        # A forged cursor may hold anything: deep nesting, numbers where strings belong.
+        created, jid = parse_body(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)), 1)
+        if not isinstance(created, str) or not isinstance(jid, str):
+            raise TypeError("cursor fields must be strings")
         return datetime.fromisoformat(created), uuid.UUID(jid)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, BadRequest) as exc:
         raise ValidationFailed(errors=[{"field": "cursor", "message": "invalid cursor"}]) from exc
 
 

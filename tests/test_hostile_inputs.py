@@ -8,6 +8,7 @@ The property-based tests run a bounded number of examples (the file takes well u
 
 from __future__ import annotations
 
+import base64
 import json
 import unicodedata
 from collections.abc import Callable, Iterator
@@ -372,3 +373,31 @@ def test_property_string_parameters_never_5xx(api, written, data):
     if resp.status_code >= 400:
         assert resp.mimetype == "application/problem+json"
     assert written() == 0
+
+
+def _cursor(value: Any) -> str:
+    raw = value if isinstance(value, bytes) else json.dumps(value).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [["2020-01-01T00:00:00", 5], [1, 2], "x", {"a": 1}, [], ["2020-01-01", "not-a-uuid"],
+     b"[" * 3000 + b"]" * 3000, b'["2020-01-01", "\\u0000"]', b"\xff\xfe["],
+)  # fmt: skip
+def test_a_forged_cursor_is_422(api, forged):
+    refused(api.get(f"/v1/jobs?cursor={_cursor(forged)}"), 422, "cursor")
+
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(ANY_CHAR, max_size=20),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=10,
+)
+
+
+@given(value=st.lists(JSON_VALUES, min_size=0, max_size=3))
+@EXAMPLES
+def test_property_cursor_contents_never_5xx(api, value):
+    resp = api.get(f"/v1/jobs?cursor={_cursor(value)}")
+    assert resp.status_code in (200, 422), resp.get_data(as_text=True)
