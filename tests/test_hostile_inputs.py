@@ -119,6 +119,12 @@ def test_deep_nesting_is_400_before_decoding(api, written, path, depth):
     assert written() == 0
 
 
+@pytest.mark.parametrize("raw", ["[" * 30000, '{"a":' * 12000, "[" * 20 + "]" * 21, '["\\"]' + "[" * 900])
+def test_unbalanced_brackets_are_400_without_recursing(api, written, raw):
+    refused(post(api, "/v1/jobs", raw), 400, "body")
+    assert written() == 0
+
+
 def test_nesting_up_to_the_limit_is_decoded(api, written, settings):
     # 32 levels pass the depth check and reach the schema (metadata values must be strings).
     inner = "[" * (settings.max_json_depth - 2) + "]" * (settings.max_json_depth - 2)
