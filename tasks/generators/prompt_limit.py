@@ -98,11 +98,10 @@ class PromptCounter:
 
     def too_long(self, prompt: str) -> int | None:
         """The prompt's token count when it is over the limit, else None; short ones are not tokenized."""
-        if self.byte_level:
-            text, special = render(self.chat_template, prompt.strip())
-            if len(text.encode("utf-8")) + (2 if special else 0) <= self.limit:  # BOS/EOS at most
-                return None
-        n = self.count(prompt)
+        text, special = render(self.chat_template, prompt.strip())
+        if self.byte_level and len(text.encode("utf-8")) + (2 if special else 0) <= self.limit:
+            return None  # + BOS/EOS at most
+        n = len(self.tokenizer.encode(text, add_special_tokens=special).ids)
         return n if n > self.limit else None
 
 
