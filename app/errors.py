@@ -12,6 +12,8 @@ from flask import Flask, Response, json
 from werkzeug.exceptions import HTTPException
 from werkzeug.http import HTTP_STATUS_CODES
 
+from models.redaction import redact
+
 log = logging.getLogger("genqueue.api")
 
 PROBLEM_JSON = "application/problem+json"
@@ -132,14 +134,20 @@ class Overloaded(ServiceUnavailable):
     slug = "overloaded"
 
 
+def _masked(value: Any) -> Any:
+    return redact(value) if isinstance(value, str) else value
+
+
 def problem_response(err: ApiError) -> Response:
+    # A key pasted into a path, a field name or a value comes back in detail or errors
+    # ("No job with id ...", an unknown field): masked like the logs, whatever raised it.
     body: dict[str, Any] = {
-        **err.extra,
+        **{k: _masked(v) for k, v in err.extra.items()},
         "type": err.type,
         "title": err.title,
         "status": err.status,
-        "detail": err.detail,
-        "errors": err.errors,
+        "detail": redact(err.detail),
+        "errors": [{k: redact(v) for k, v in e.items()} for e in err.errors],
     }
     resp = Response(json.dumps(body), status=err.status, mimetype=PROBLEM_JSON)
     resp.headers.update(err.headers)

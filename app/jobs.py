@@ -13,6 +13,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from flask import Blueprint, Response, current_app, jsonify, request, send_from_directory
+from flask.blueprints import BlueprintSetupState
 from pydantic import ValidationError
 from sqlalchemy import Select, bindparam, delete, select, tuple_
 from sqlalchemy.exc import IntegrityError
@@ -21,6 +22,7 @@ from sqlalchemy.orm import Session
 from app import idempotency, services
 from app.admission import admission
 from app.auth import current_principal, owned, tenant_id
+from app.body import parse as parse_body
 from app.errors import (
     UNAVAILABLE,
     BadRequest,
@@ -31,6 +33,7 @@ from app.errors import (
     UnsupportedMediaType,
     ValidationFailed,
 )
+from app.prompt_check import PromptCheck
 from app.published import PublishedMarks
 from app.queue import QueueCounts
 from app.schemas import ListQuery, complete_params, field_errors, parse_job
@@ -85,6 +88,20 @@ def _published() -> PublishedMarks:
     return ext["genqueue.published"]  # type: ignore[no-any-return]
 
 
+@bp.record_once
+def _warm_prompt_check(state: BlueprintSetupState) -> None:
+    """Start loading the text model's tokenizer with the app, not on the first submit."""
+    settings = state.app.extensions["genqueue"].settings
+    state.app.extensions["genqueue.prompt_check"] = PromptCheck(settings.text_model)
+
+
+def _prompt_check() -> PromptCheck:
+    ext = current_app.extensions
+    if "genqueue.prompt_check" not in ext:
+        ext["genqueue.prompt_check"] = PromptCheck(services().settings.text_model)
+    return ext["genqueue.prompt_check"]  # type: ignore[no-any-return]
+
+
 def _waiters() -> Waiters:
     ext = current_app.extensions
     if "genqueue.waiters" not in ext:
@@ -119,17 +136,15 @@ def _json_body() -> Any:
             "The body must be JSON (Content-Type: application/json).",
             errors=_body(f"Content-Type is {mime or 'missing'}"),
         )
+    charset = request.mimetype_params.get("charset", "utf-8").lower()
+    if charset not in ("utf-8", "utf8"):  # JSON is UTF-8 (RFC 8259 8.1); nothing else is decoded
+        raise UnsupportedMediaType(
+            "The body must be UTF-8 encoded JSON.", errors=_body(f"charset is {charset[:40]}")
+        )
     raw = request.get_data(cache=False)  # MAX_CONTENT_LENGTH (limit + 1) bounds chunked bodies
     if len(raw) > limit:
         raise too_large
-
-    def no_constants(name: str) -> Any:
-        raise ValueError(f"{name} is not JSON")
-
-    try:
-        return json.loads(raw, parse_constant=no_constants)
-    except ValueError as exc:  # includes invalid UTF-8
-        raise BadRequest("The body is not valid JSON.", errors=_body(str(exc))) from None
+    return parse_body(raw, services().settings.max_json_depth)
 
 
 @bp.post("/jobs")
@@ -141,6 +156,8 @@ def submit() -> Answer:
         req = parse_job(body, svc.settings)
     except ValidationError as exc:
         raise ValidationFailed("The job is invalid.", errors=field_errors(exc, body)) from None
+    if (too_long := _prompt_check().error(req.prompt)) is not None:  # the worker would refuse it
+        raise ValidationFailed("The job is invalid.", errors=[{"field": "prompt", "message": too_long}])
     who = current_principal()
     idem = idempotency.from_request(body, who.tenant_id)
     if idem is not None and (prior := idem.prior(svc.sessions)) is not None:
@@ -281,9 +298,12 @@ def _encode_cursor(job: Job) -> str:
 
 def _decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
     try:
-        created, jid = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        # A forged cursor may hold anything: deep nesting, numbers where strings belong.
+        created, jid = parse_body(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)), 1)
+        if not isinstance(created, str) or not isinstance(jid, str):
+            raise TypeError("cursor fields must be strings")
         return datetime.fromisoformat(created), uuid.UUID(jid)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, BadRequest) as exc:
         raise ValidationFailed(errors=[{"field": "cursor", "message": "invalid cursor"}]) from exc
 
 

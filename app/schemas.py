@@ -24,6 +24,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from app.body import StorableStr
 from app.webhook_schemas import WebhookSubscription
 from models.settings import Settings
 
@@ -67,8 +68,8 @@ class VideoParams(TextParams):
         return v
 
 
-MetaKey = Annotated[str, StringConstraints(min_length=1, max_length=METADATA_MAX_CHARS)]
-MetaValue = Annotated[str, StringConstraints(max_length=METADATA_MAX_CHARS)]
+MetaKey = Annotated[StorableStr, StringConstraints(min_length=1, max_length=METADATA_MAX_CHARS)]
+MetaValue = Annotated[StorableStr, StringConstraints(max_length=METADATA_MAX_CHARS)]
 
 
 class JobCreateBase(Strict):
@@ -94,16 +95,6 @@ class JobCreateBase(Strict):
         limit = settings.prompt_max_chars if settings else PROMPT_MAX_CHARS
         if len(v) > limit:
             raise PydanticCustomError("too_long", "must be at most {limit} characters", {"limit": limit})
-        return v
-
-    @field_validator("metadata")
-    @classmethod
-    def _storable(cls, v: dict[str, str] | None) -> dict[str, str] | None:
-        for text in (*(v or {}).keys(), *(v or {}).values()):
-            if any(unicodedata.category(c) in ("Cc", "Cs") for c in text):
-                raise PydanticCustomError(
-                    "control_chars", "keys and values must not contain control characters"
-                )
         return v
 
 

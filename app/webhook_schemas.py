@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
+from app.body import StorableStr
 from models import ssrf
 
 EventType = Literal[
@@ -38,7 +39,9 @@ def _distinct(events: list[str] | None) -> list[str] | None:
 class WebhookSubscription(_Strict):
     """A job's own webhook: its events go to `url`, signed with its tenant's secret."""
 
-    url: str = Field(min_length=1, max_length=ssrf.MAX_URL_CHARS, description="http(s) URL, public address.")
+    url: StorableStr = Field(
+        min_length=1, max_length=ssrf.MAX_URL_CHARS, description="http(s) URL, public address."
+    )
     events: list[EventType] | None = Field(
         None, min_length=1, description="Default: the terminal events (succeeded, failed, canceled)."
     )
@@ -50,9 +53,11 @@ class WebhookSubscription(_Strict):
 class EndpointCreate(_Strict):
     """A registered endpoint: receives events of every job."""
 
-    url: str = Field(min_length=1, max_length=ssrf.MAX_URL_CHARS, description="http(s) URL, public address.")
+    url: StorableStr = Field(
+        min_length=1, max_length=ssrf.MAX_URL_CHARS, description="http(s) URL, public address."
+    )
     events: list[EventType] | None = Field(None, min_length=1, description="Default: every event type.")
-    description: str | None = Field(None, max_length=256)
+    description: StorableStr | None = Field(None, max_length=256, description="No control characters.")
 
     _url = field_validator("url")(_checked_url)
     _events = field_validator("events")(_distinct)

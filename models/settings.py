@@ -99,6 +99,13 @@ class Settings(BaseSettings):
         "slower uploads get 408 and the connection closes (the gevent web worker, app/server.py). "
         "The request line and headers have the gunicorn keepalive (5 s) to arrive.",
     )
+    max_json_depth: int = Field(
+        32,
+        ge=1,
+        le=500,  # the JSON decoder recurses once per level: far below Python's recursion limit
+        description="Deepest nesting of arrays and objects a request body may have (the API's own "
+        "bodies need 3); deeper bodies get 400 before they are decoded.",
+    )
     prompt_max_chars: int = 4000
     default_width: int = 256
     default_height: int = 256

