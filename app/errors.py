@@ -6,13 +6,12 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import kombu.exceptions
-import sqlalchemy.exc
 from flask import Flask, Response, json
 from werkzeug.exceptions import HTTPException
 from werkzeug.http import HTTP_STATUS_CODES
 
 from models.redaction import redact
+from tasks.contract.transient import is_transient  # one definition with the workers' retries
 
 log = logging.getLogger("genqueue.api")
 
@@ -21,25 +20,6 @@ PROBLEM_JSON = "application/problem+json"
 # plain HTTP failures use "about:blank", whose title is the status phrase.
 PROBLEM_BASE = "tag:genqueue,2025:problem:"
 RETRY_AFTER_S = 5
-
-try:  # redis-py errors when kombu lets them through unwrapped
-    import redis.exceptions as _redis
-
-    _REDIS_DOWN: tuple[type[BaseException], ...] = (_redis.ConnectionError, _redis.TimeoutError)
-except ImportError:  # pragma: no cover - an AMQP-only install
-    _REDIS_DOWN = ()
-
-# A dependency that is down or overloaded: worth retrying, not the client's fault.
-UNAVAILABLE: tuple[type[BaseException], ...] = (
-    sqlalchemy.exc.OperationalError,
-    sqlalchemy.exc.TimeoutError,  # pool exhausted
-    sqlalchemy.exc.DisconnectionError,
-    kombu.exceptions.OperationalError,
-    ConnectionError,
-    TimeoutError,
-    *_REDIS_DOWN,
-)
-
 
 class ApiError(Exception):
     """An error the client may act on; subclasses fix status, title and type."""
@@ -185,7 +165,7 @@ def to_api_error(exc: BaseException) -> ApiError:
         return exc
     if isinstance(exc, HTTPException):
         return _from_http(exc)
-    if isinstance(exc, UNAVAILABLE):
+    if is_transient(exc):
         log.warning("dependency unavailable: %s: %s", type(exc).__name__, exc)
         return ServiceUnavailable("A backing service (database or queue) is unavailable; retry shortly.")
     log.exception("unhandled error", exc_info=exc)

@@ -24,7 +24,6 @@ from app.admission import admission
 from app.auth import current_principal, owned, tenant_id
 from app.body import parse as parse_body
 from app.errors import (
-    UNAVAILABLE,
     BadRequest,
     Conflict,
     NotFound,
@@ -43,6 +42,7 @@ from models.base import utcnow
 from models.db import autocommit, read_only, transaction
 from models.job import TERMINAL
 from models.resource import job_resource
+from tasks.contract.transient import is_transient
 from tasks.names import THUMBNAIL_NAME, stage_task_id
 from tasks.publish import publish_compensation, publish_job
 
@@ -245,7 +245,7 @@ def _publish(job: Job) -> None:
         publish_job(svc.celery, job.id, job.modality, job.priority)
     except Exception as exc:
         _discard(job.id)  # nothing may stay queued forever without a message
-        if isinstance(exc, UNAVAILABLE):
+        if is_transient(exc):
             raise ServiceUnavailable("The job queue is unavailable; the job was not accepted.") from exc
         raise
     svc.metrics.jobs_submitted.labels(job.modality).inc()

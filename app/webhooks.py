@@ -14,7 +14,7 @@ from sqlalchemy.exc import IntegrityError
 
 from app import services
 from app.auth import owned, tenant_id
-from app.errors import UNAVAILABLE, Conflict, NotFound, ValidationFailed
+from app.errors import Conflict, NotFound, ValidationFailed
 from app.jobs import _json_body, _load
 from app.schemas import field_errors
 from app.webhook_schemas import EndpointCreate
@@ -33,6 +33,7 @@ from models.webhook import (
     rotate_secret,
     signing_secrets,
 )
+from tasks.contract.transient import TRANSIENT_ERRORS
 from tasks.webhook_dispatch import publish_dispatch
 
 log = logging.getLogger("genqueue.api")
@@ -205,7 +206,7 @@ def redeliver(delivery_id: str) -> tuple[Response, int]:
         job_id = d.job_id
     try:
         publish_dispatch(svc.celery, [job_id])
-    except UNAVAILABLE as exc:
+    except TRANSIENT_ERRORS as exc:
         log.warning("redelivery of %s queued; dispatch not published (the relay will send it): %s", did, exc)
     with svc.sessions() as s:
         found = [x for x in job_deliveries(s, job_id) if x.id == did]

@@ -9,7 +9,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import NoReturn
 
-import kombu.exceptions
 import sqlalchemy.exc
 from celery import Task
 from celery.exceptions import Ignore, Reject, SoftTimeLimitExceeded
@@ -19,36 +18,14 @@ from models.db import transaction
 from models.recovery import degrade, record_retry
 from models.settings import Settings
 from tasks import compensation
+from tasks.contract.transient import TRANSIENT_ERRORS, is_transient
 from tasks.generators.base import Canceled, GeneratorError, OutOfMemory, VideoRequest
 from tasks.generators.registry import release_memory
 from tasks.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
-try:  # redis-py errors that kombu lets through unwrapped
-    import redis.exceptions as _redis
-
-    _REDIS_DOWN: tuple[type[BaseException], ...] = (_redis.ConnectionError, _redis.TimeoutError)
-except ImportError:  # pragma: no cover - an AMQP-only install
-    _REDIS_DOWN = ()
-
-# The database or the broker is down or overloaded: the work is fine, try it again later.
-INFRA_ERRORS: tuple[type[BaseException], ...] = (
-    sqlalchemy.exc.OperationalError,
-    sqlalchemy.exc.InterfaceError,
-    sqlalchemy.exc.TimeoutError,
-    sqlalchemy.exc.DisconnectionError,
-    kombu.exceptions.OperationalError,
-    ConnectionError,
-    TimeoutError,
-    *_REDIS_DOWN,
-)
-
-
-def is_infra(exc: BaseException) -> bool:
-    if isinstance(exc, INFRA_ERRORS):
-        return True
-    return isinstance(exc, sqlalchemy.exc.DBAPIError) and bool(exc.connection_invalidated)
+INFRA_ERRORS = TRANSIENT_ERRORS  # the old name, for tasks.maintenance
 
 
 def backoff(base: float, cap: float, retries: int) -> float:
@@ -74,8 +51,8 @@ def infra_retry(task: Task, rt: Runtime, job_id: uuid.UUID, stage: str | None) -
     """Around a whole task: database/broker outages become bounded retries with backoff."""
     try:
         yield
-    except (*INFRA_ERRORS, sqlalchemy.exc.DBAPIError) as exc:
-        if not is_infra(exc) or task.request.retries >= rt.settings.infra_max_retries:
+    except (*TRANSIENT_ERRORS, sqlalchemy.exc.DBAPIError) as exc:
+        if not is_transient(exc) or task.request.retries >= rt.settings.infra_max_retries:
             raise  # the errback and, behind it, the reaper take over
         s = rt.settings
         countdown = backoff(s.infra_backoff_s, s.infra_backoff_max_s, task.request.retries)
@@ -105,7 +82,7 @@ def handle(
 ) -> NoReturn:
     """Retry transient errors with backoff, degrade once if allowed, else fail and compensate once."""
     job_id, settings = job.id, rt.settings
-    if is_infra(exc):
+    if is_transient(exc):
         raise exc  # infra_retry's business
     if isinstance(exc, Canceled):
         # The cancel endpoint moved the job to canceled; drop what this stage wrote.

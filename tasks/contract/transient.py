@@ -1,0 +1,36 @@
+"""The one definition of a transient infrastructure error: the database or the broker is down.
+
+Workers retry such an error with backoff (tasks/failures.py); the API answers it with 503 and
+Retry-After (app/errors.py). Anything else is the request's or the code's fault.
+"""
+
+from __future__ import annotations
+
+import kombu.exceptions
+import sqlalchemy.exc
+
+try:  # redis-py errors that kombu lets through unwrapped
+    import redis.exceptions as _redis
+
+    _REDIS_DOWN: tuple[type[BaseException], ...] = (_redis.ConnectionError, _redis.TimeoutError)
+except ImportError:  # pragma: no cover - an AMQP-only install
+    _REDIS_DOWN = ()
+
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    sqlalchemy.exc.OperationalError,
+    sqlalchemy.exc.InterfaceError,  # the connection went away under the driver
+    sqlalchemy.exc.TimeoutError,  # pool exhausted
+    sqlalchemy.exc.DisconnectionError,
+    kombu.exceptions.OperationalError,
+    ConnectionError,
+    TimeoutError,
+    *_REDIS_DOWN,
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for an outage worth retrying: one of TRANSIENT_ERRORS, or any driver error that
+    invalidated its connection (SQLAlchemy marks those whatever their class)."""
+    if isinstance(exc, TRANSIENT_ERRORS):
+        return True
+    return isinstance(exc, sqlalchemy.exc.DBAPIError) and bool(exc.connection_invalidated)
