@@ -14,6 +14,7 @@ from models import IdempotencyKey, Job, JobStatus, Priority, Stage
 from models.base import utcnow
 from models.db import transaction
 from models.recovery import FINISHED_UNSUCCESSFULLY, claim_recovery, log_recovery, undo_recovery
+from models.settings import Settings
 from tasks import compensation, failures, inflight, names
 from tasks.publish import publish_job
 from tasks.runtime import Runtime, runtime
@@ -42,8 +43,8 @@ def reap(rt: Runtime, app: Celery, now: datetime | None = None) -> dict[str, int
     - running, stage past its deadline (worker died, message lost): publish the stage again;
     - queued, committed but never published: publish it;
     - queued, published but not started for queued_timeout_s: publish it again;
-    - queued (or waiting for its video stage) for lost_message_after_s with no message left
-      in the broker: publish it again (_lost_messages);
+    - queued (or waiting for its video stage, or for a stage republished above) for
+      lost_message_after_s with no message left in the broker: publish it again (_lost_messages);
     - failed or canceled but never compensated: compensate;
     - idempotency keys past their expiry: delete.
     Republishing is safe because the stages are idempotent; each costs the job a recovery.
@@ -138,8 +139,9 @@ def _lost_messages(rt: Runtime, app: Celery, now: datetime) -> list[tuple[Job, s
         return []
     with rt.sessions() as session:
         waiting = {
-            Stage.TEXT: _text_suspects(session, now, s.lost_message_after_s, s.queued_timeout_s),
-            Stage.VIDEO: _video_suspects(session, now, s.lost_message_after_s, s.queued_timeout_s),
+            Stage.TEXT: _text_suspects(session, now, s.lost_message_after_s, s.queued_timeout_s)
+            + _stage_suspects(session, Stage.TEXT, now, s),
+            Stage.VIDEO: _stage_suspects(session, Stage.VIDEO, now, s),
         }
     lost: list[tuple[Job, str]] = []
     for stage, jobs in waiting.items():
@@ -182,23 +184,25 @@ def _text_suspects(session: Session, now: datetime, after_s: float, timeout_s: f
     return jobs
 
 
-def _video_suspects(session: Session, now: datetime, after_s: float, timeout_s: float) -> list[Job]:
-    """Jobs waiting for their video stage (text done, no attempt yet) after_s or more.
+def _stage_suspects(session: Session, stage: Stage, now: datetime, s: Settings) -> list[Job]:
+    """Running jobs waiting after_s or more for a `stage` message: the video stage after text,
+    or a stage the reaper published again (overdue), not entered since.
 
-    Their deadline is queued_timeout_s after the video message went out (complete_text, or a
-    reaper republish), so it orders them by wait; past it they are the overdue rule's.
+    Sending such a message sets the deadline queued_timeout_s ahead; entering the stage (or a
+    retry) sets it at most `in_stage` ahead, so a deadline further out than that marks a job
+    still waiting, and the deadline orders them by wait. Past it they are the overdue rule's.
     """
+    in_stage = failures.hard_limit(s, stage) + s.stage_grace_s + s.retry_backoff_max_s
     jobs: list[Job] = []
     for priority in Priority:
         jobs += session.scalars(
             select(Job)
             .where(
                 Job.status == JobStatus.RUNNING,
-                Job.stage == Stage.VIDEO,
-                Job.attempts == 0,
+                Job.stage == stage,
                 Job.priority == priority,
-                Job.deadline_at < now + timedelta(seconds=timeout_s - after_s),
-                Job.deadline_at >= now,
+                Job.deadline_at > now + timedelta(seconds=in_stage),
+                Job.deadline_at < now + timedelta(seconds=s.queued_timeout_s - s.lost_message_after_s),
             )
             .order_by(Job.deadline_at)
             .limit(SUSPECTS)

@@ -187,3 +187,29 @@ def test_the_check_costs_nothing_without_suspects_and_skips_rabbitmq(settings, s
     assert time.monotonic() - started < 5  # no connection attempts to the (absent) broker
     assert asked == [names.TEXT_QUEUE]  # the job is a suspect again by then, but not asked about
     assert not inflight.supported(amqp.broker_url) and inflight.supported(settings.broker_url)
+
+
+def test_a_lost_message_of_a_stage_the_reaper_sent_again_is_sent_again(settings, sessions, broker):
+    """The reaper republished an overdue stage (deadline now queued_timeout_s ahead) and that
+    message was lost too; a job inside its stage (short deadline, no message) is left alone."""
+    app = create_celery(settings, set_as_current=False)
+    republished, inside = create_job(sessions, "text"), create_job(sessions, "text")
+    deadlines = {republished: settings.queued_timeout_s, inside: settings.text_time_limit_s}
+    for jid, seconds in deadlines.items():
+        with transaction(sessions) as s:
+            s.execute(
+                update(Job)
+                .where(Job.id == jid)
+                .values(
+                    status=JobStatus.RUNNING, stage="text", attempts=1, recoveries=1, started_at=utcnow(),
+                    published_at=utcnow(), deadline_at=utcnow() + timedelta(seconds=seconds),
+                )
+            )  # fmt: skip
+    rt = runtime(app)
+    assert reap(rt, app, now=_after(settings.lost_message_after_s - 5)) == {}
+    assert reap(rt, app, now=_after(settings.lost_message_after_s + 1)) == {"requeued_lost_message": 1}
+    assert [get(sessions, j).recoveries for j in (republished, inside)] == [2, 1]
+    with thread_workers(settings) as app:
+        job = wait_done(sessions, republished)
+    assert (job.status, job.attempts) == ("succeeded", 2)
+    assert events(sessions, republished).count("job.succeeded") == 1
