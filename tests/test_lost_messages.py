@@ -13,6 +13,7 @@ import time
 import uuid
 from datetime import timedelta
 
+import pytest
 from sqlalchemy import update
 
 from models import Job, JobStatus
@@ -213,3 +214,31 @@ def test_a_lost_message_of_a_stage_the_reaper_sent_again_is_sent_again(settings,
         job = wait_done(sessions, republished)
     assert (job.status, job.attempts) == ("succeeded", 2)
     assert events(sessions, republished).count("job.succeeded") == 1
+
+
+@pytest.mark.slow
+def test_scanning_a_full_backlog_is_cheap(settings, sessions, broker):
+    """The worst case per reaper run: admission's cap of 10,000 waiting text messages and 50
+    suspects none of which is there (every list read to its end). Prints the measured cost."""
+    app = create_celery(settings, set_as_current=False)
+    publish_job(app, uuid.uuid4(), "video", "normal")
+    template = broker.rpop(_list("normal")).decode()
+    real_id = json.loads(template)["headers"]["id"]
+    pipe = broker.pipeline(transaction=False)
+    for _ in range(10_000):
+        pipe.lpush(_list("normal"), template.replace(real_id, f"{uuid.uuid4()}.text"))
+    pipe.execute()
+    absent = [f"{uuid.uuid4()}.text" for _ in range(SUSPECTS)]
+    head = [json.loads(m)["headers"]["id"] for m in broker.lrange(_list("normal"), -SUSPECTS, -1)]
+    timings = {}
+    for name, ids, expect in (("absent", absent, set()), ("at the head", head, set(head))):
+        started = time.perf_counter()
+        assert inflight.live_task_ids(app, names.TEXT_QUEUE, ids) == expect
+        timings[name] = time.perf_counter() - started
+    size = broker.memory_usage(_list("normal")) or 0
+    print(
+        f"10,000 messages ({size / 1e6:.0f} MB), {SUSPECTS} suspects: "
+        + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in timings.items())
+        + f" ({10_000 // inflight.CHUNK} Lua calls)"
+    )
+    assert timings["absent"] < 2.0
