@@ -64,6 +64,16 @@ class Settings(BaseSettings):
     queued_timeout_s: int = 6 * 3600  # waiting this long for a worker: published again
     max_recoveries: int = 3  # reaper interventions per job before it fails the job
     reaper_interval_s: float = 30.0
+    lost_message_after_s: int = Field(
+        120,
+        description=(
+            "A job waiting this long for a stage whose message is in neither the stage's queue "
+            "lists nor the broker's unacked set (a Redis consumer killed between taking it and "
+            "recording it) is published again: lost messages are recovered within this plus "
+            "reaper_interval_s. An unacked message held this long by a consumer that never "
+            "started it counts as lost too. Redis brokers only (RabbitMQ's delivery is atomic)."
+        ),
+    )
     degrade_steps_factor: float = 0.5
     degrade_size_factor: float = 0.5
     degraded_video_model: str = ""  # a cheaper model for degraded retries; empty: the same model

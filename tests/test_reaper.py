@@ -79,7 +79,39 @@ def test_a_job_queued_too_long_is_published_again(settings, sessions, broker):
     _set(sessions, jid, published_at=utcnow() - timedelta(seconds=settings.queued_timeout_s + 1))
     with thread_workers(settings) as app:
         assert reap(runtime(app), app) == {"requeued_stale_queued": 1}
-        assert wait_done(sessions, jid).status == "succeeded"
+        job = wait_done(sessions, jid)
+    assert (job.status, job.recoveries) == ("succeeded", 1)
+    [rec] = event_rows(sessions, jid, "job.recovered")
+    assert rec.data == {"reason": "stale_queued", "stage": "text", "recovery": 1}
+    assert events(sessions, jid).count("job.succeeded") == 1
+
+
+# Out of recoveries, each waiting-job rule fails the job with its own code and reason, and
+# publishes nothing. (published_at, seconds past `now`, error code, words of the message)
+GIVE_UP = {
+    "not_published": (None, "publish_grace_s", "not_published", "could not be handed to the queue"),
+    "queue_timeout": ("queued_timeout_s", 0, "queue_timeout", "no worker took the job"),
+    "message_lost": ("lost_message_after_s", 0, "message_lost", "text stage's queue message was lost"),
+}
+
+
+@pytest.mark.parametrize("case", list(GIVE_UP))
+def test_out_of_recoveries_a_waiting_job_fails_with_its_reason(settings, sessions, broker, case):
+    waited, ahead, code, words = GIVE_UP[case]
+    jid = create_job(sessions)
+    published = None if waited is None else utcnow() - timedelta(seconds=getattr(settings, waited) + 1)
+    _set(sessions, jid, published_at=published, recoveries=settings.max_recoveries)
+    from tasks.celery_app import create_celery
+
+    app = create_celery(settings, set_as_current=False)
+    now = _later(settings, getattr(settings, ahead) + 1 if ahead else 0)
+    assert reap(runtime(app), app, now=now) == {"failed": 1}
+    assert reap(runtime(app), app, now=now) == {}
+    assert broker_idle(broker)  # nothing was published
+    job = get(sessions, jid)
+    assert (job.status, job.error_code, job.error_stage) == ("failed", code, "text")
+    assert words in job.error_message and f"({settings.max_recoveries} recoveries tried)" in job.error_message
+    assert events(sessions, jid) == ["job.failed", "job.compensated"]
 
 
 def test_a_failed_job_left_uncompensated_is_compensated(settings, sessions, broker):
