@@ -25,9 +25,6 @@ from tasks.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
-INFRA_ERRORS = TRANSIENT_ERRORS  # the old name, for tasks.maintenance
-
-
 def backoff(base: float, cap: float, retries: int) -> float:
     """Exponential backoff with jitter: uniform in [x/2, x], x = min(cap, base * 2**retries)."""
     ceiling = min(cap, base * 2**retries)

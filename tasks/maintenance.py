@@ -16,6 +16,7 @@ from models.db import transaction
 from models.recovery import FINISHED_UNSUCCESSFULLY, claim_recovery, log_recovery, undo_recovery
 from models.settings import Settings
 from tasks import compensation, failures, inflight, names
+from tasks.contract.transient import TRANSIENT_ERRORS
 from tasks.publish import publish_job
 from tasks.runtime import Runtime, runtime
 
@@ -117,7 +118,7 @@ def _recover(rt: Runtime, app: Celery, job: Job, stage: str, code: str, why: str
         return "skipped"  # a worker or another reaper moved it meanwhile
     try:
         publish_job(app, job.id, job.modality, job.priority, stage=stage)
-    except failures.INFRA_ERRORS as exc:
+    except TRANSIENT_ERRORS as exc:
         log.warning("reaper: job %s not republished (%s); next run", job.id, type(exc).__name__)
         with transaction(rt.sessions) as session:
             undo_recovery(session, job.id, undo)
@@ -152,7 +153,7 @@ def _lost_messages(rt: Runtime, app: Celery, now: datetime) -> list[tuple[Job, s
         try:
             held = s.lost_message_after_s
             live = inflight.live_task_ids(app, queue, by_task, held_for_s=held, at=now.timestamp())
-        except failures.INFRA_ERRORS as exc:
+        except TRANSIENT_ERRORS as exc:
             log.warning("reaper: could not look for lost %s messages (%s)", stage, type(exc).__name__)
             continue
         if live is None:
