@@ -16,7 +16,7 @@ PROMPT_PATTERN = "[^\\u0000-\\u0020\\u007f-\\u00a0\\u1680\\u2000-\\u200a\\u2028\
 NO_CONTROL_PATTERN = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$"
 # tasks.ssrf.split_url: http or https (any case); a host: an ASCII name (an IDN as punycode) or a
 # bracketed IPv6 literal (RFC 3986's IPv6address); no credentials; a port from 0 to 65535 if any
-# (leading zeros allowed); then anything but NUL. Whether the host resolves to public addresses
+# (leading zeros allowed); then anything. Whether the host resolves to public addresses
 # only is checked at submit and cannot be stated here.
 _PORT = "0*(?:6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[0-9]{1,4})"
 _H16, _OCTET = "[0-9A-Fa-f]{1,4}", "(?:25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
@@ -29,14 +29,12 @@ _IPV6 = "|".join(
 )
 URL_HOST = f"(?:\\[(?:{_IPV6})\\]|[!$&'()*+,;=%A-Za-z0-9._~-]+)"
 URL_SCHEME = "[Hh][Tt][Tt][Pp][Ss]?://"
-URL_PATTERN = f"^{URL_SCHEME}{URL_HOST}(?::(?:{_PORT})?)?(?:[/?#][^\\u0000]*)?$"
+URL_PATTERN = f"^{URL_SCHEME}{URL_HOST}(?::(?:{_PORT})?)?(?:[/?#][\\s\\S]*)?$"
 URL_NOTE = (
     " Checked at submit: every address the host resolves to must be public (no loopback, private,"
     " link-local or metadata address)."
 )
 INTEGERS_NOTE = "Integers are written without a fraction or exponent: 256, not 256.0 (a 422)."
-# Postgres text cannot hold NUL: no stored string may carry one (issue 13, finding 4).
-NO_NUL_PATTERN = "^[^\\u0000]*$"
 # The cursor is unpadded URL-safe base64 (app.jobs._encode_cursor); only a `next_cursor` decodes.
 CURSOR = {"type": "string", "minLength": 1, "pattern": "^[A-Za-z0-9_-]+$"}
 
@@ -89,4 +87,3 @@ def tighten(schemas: dict[str, Any]) -> None:
     frames["enum"] = list(range(frames["minimum"], frames["maximum"] + 1, 4))
     for name in ("WebhookSubscription", "EndpointCreate"):
         _url(schemas[name]["properties"]["url"])
-    _alt(schemas["EndpointCreate"]["properties"]["description"], "string")["pattern"] = NO_NUL_PATTERN
