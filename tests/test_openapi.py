@@ -20,7 +20,7 @@ from openapi_spec_validator import validate
 from pydantic import ValidationError
 
 from app import openapi_rules
-from app.openapi import Job, JobList
+from app.openapi_models import Job, JobList
 from app.schemas import TextJobCreate, VideoJobCreate, parse_job
 from models import Job as JobRow
 from models import JobStatus
