@@ -385,7 +385,8 @@ def content(job_id: str) -> Response:
     svc = services()
     with svc.sessions() as s:
         job = _load(s, job_id)
-    variant = request.args.get("variant") or ("video" if job.modality == "video" else "text")
+    # An empty `?variant=` is invalid like any other value off the list, not the default.
+    variant = request.args.get("variant", "video" if job.modality == "video" else "text")
     if variant not in VARIANTS:
         raise ValidationFailed(
             errors=[{"field": "variant", "message": f"must be one of: {', '.join(VARIANTS)}"}]

@@ -6,96 +6,14 @@ import html
 from typing import Any, Literal
 
 from flask import Blueprint, Response, current_app, jsonify
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import TypeAdapter
 
-from app import webhooks_openapi
-from app.schemas import ListQuery, job_create_adapter
+from app import openapi_rules, webhooks_openapi
+from app.openapi_models import Health, Job, JobList, Problem, Ready
+from app.schemas import job_create_adapter
 
 bp = Blueprint("openapi", __name__)
 REF = "#/components/schemas/{model}"
-Status = Literal["queued", "running", "succeeded", "failed", "canceled"]
-
-
-class _Doc(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class JobOutputs(_Doc):
-    text: str | None
-    text_url: str | None
-    video_url: str | None
-    thumbnail_url: str | None
-
-
-class JobError(_Doc):
-    code: str | None
-    message: str | None
-    stage: str | None
-
-
-class JobTimings(_Doc):
-    created_at: str | None
-    started_at: str | None
-    text_completed_at: str | None
-    completed_at: str | None
-    queue_s: float | None
-    text_s: float | None
-    video_s: float | None
-    gpu_s: float | None
-
-
-class Job(_Doc):
-    """The job resource (models.resource.job_resource)."""
-
-    id: str
-    object: Literal["job"]
-    status: Status
-    stage: Literal["text", "video"] | None
-    progress: int = Field(ge=0, le=100)
-    queue_position: int | None = Field(description="1-based place among queued jobs; null unless queued.")
-    modality: Literal["text", "video"]
-    prompt: str
-    params: dict[str, Any] = Field(description="Complete: every omitted param filled with its default.")
-    priority: Literal["high", "normal", "low"]
-    outputs: JobOutputs
-    error: JobError | None
-    attempts: int = Field(description="Runs of the current stage: retries and redeliveries included.")
-    degraded: dict[str, Any] | None = Field(
-        description="Set when the video stage was retried at a lower cost: reason, from, to."
-    )
-    cached: bool = Field(description="Answered from an identical earlier job, not computed again.")
-    source_job_id: str | None = Field(description="The identical job a cached one reused; else null.")
-    timings: JobTimings
-    metadata: dict[str, str]
-
-
-class JobList(_Doc):
-    data: list[Job]
-    next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null on the last.")
-
-
-class FieldError(_Doc):
-    field: str = Field(description="Dotted path of the offending field, e.g. `params.width`.")
-    message: str
-
-
-class Problem(BaseModel):
-    """RFC 9457 problem details; extension members (e.g. `job_status`, `checks`) may appear."""
-
-    type: str
-    title: str
-    status: int
-    detail: str
-    errors: list[FieldError]
-
-
-class Health(_Doc):
-    status: Literal["ok"]
-
-
-class Ready(_Doc):
-    status: Literal["ready"]
-    checks: dict[str, dict[str, Any]]
 
 
 def _problems(*codes: int) -> dict[str, Any]:
@@ -114,6 +32,7 @@ _REASONS = {
     409: "Conflicting state",
     413: "Body too large",
     415: "Body is not JSON",
+    416: "Range not satisfiable (see Content-Range)",
     422: "Validation failed",
     429: "Rate limit or concurrency quota exceeded (see Retry-After)",
     503: "Database or broker unavailable, or the service is overloaded (see Retry-After)",
@@ -155,6 +74,7 @@ def _schemas() -> dict[str, Any]:
         schema = adapter.json_schema(ref_template=REF, mode=mode)
         out.update(schema.pop("$defs", {}))
         out[name] = schema
+    openapi_rules.tighten(out)
     return out
 
 
@@ -174,9 +94,10 @@ def _op(
     responses: dict[str, Any],
     *params: dict[str, Any],
     db: bool = True,
-    auth: bool = False,
+    auth: bool = True,
 ) -> Any:
-    """One operation; those touching the database or broker may also answer 503, keyed ones 401/429."""
+    """One operation; those touching the database or broker may also answer 503, keyed ones (all but
+    the public ones, app.auth.PUBLIC_ENDPOINTS and the paths outside /v1) 401/429."""
     if db:
         responses = {**responses, **_problems(503)}
         responses["503"]["headers"] = _RETRY_AFTER
@@ -192,36 +113,59 @@ def _op(
 def _paths() -> dict[str, Any]:
     job_id = _param("job_id", "path", {"type": "string", "format": "uuid"})
     text = {"type": "string"}
-    query = ListQuery.model_json_schema()["properties"]
-    listing = [_param(n, "query", s, s.get("description", "")) for n, s in query.items()]
+    listing = openapi_rules.query_params()
     variants = {"type": "string", "enum": ["video", "text", "thumbnail"]}
-    variant = _param("variant", "query", variants, "Default: video for video jobs, text for text jobs.")
+    variant = _param(
+        "variant", "query", variants, "Default: video for video jobs, text for text jobs (empty: 422)."
+    )
+    unsatisfiable = _problems(416)
+    unsatisfiable["416"]["headers"] = {"Content-Range": {"schema": text, "description": "`bytes */<size>`"}}
     binary = {
         t: {"schema": {"type": "string", "format": "binary"}}
         for t in ("video/mp4", "image/jpeg", "text/plain")
+    }
+    submitted = {
+        "Location": {"schema": text, "description": "The job's URL."},
+        "Idempotent-Replayed": {
+            "schema": {"type": "string", "enum": ["true"]},
+            "description": "Present on an Idempotency-Key replay: the job is the original one.",
+        },
     }
     submit = _op(
         "submitJob",
         "Submit a job",
         {
-            "202": _json("Job", "Accepted and queued", {"Location": {"schema": text}}),
+            "200": _json(
+                "Job",
+                "Finished already: answered from the cache, finished within `Prefer: wait`, or the "
+                "Idempotency-Key replay of a finished job",
+                submitted,
+            ),
+            "202": _json("Job", "Queued (or the Idempotency-Key replay of an unfinished job)", submitted),
             **_problems(400, 403, 413, 415, 422),
         },
         _param(
             "Idempotency-Key",
             "header",
-            {"type": "string", "minLength": 1, "maxLength": 255},
-            "Kept 24 h: a repeat with the same body returns the original job "
+            {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[ -~]+$"},
+            "Printable ASCII. Kept 24 h: a repeat with the same body returns the original job "
             "(header Idempotent-Replayed: true); with another body, 422.",
         ),
-        auth=True,
+        _param(
+            "Prefer",
+            "header",
+            text,
+            "RFC 7240 `wait=N`: hold the answer up to N s (at most `max_wait_s`, 30) for the job to "
+            "finish, then answer 200 with the finished job (else 202). Other preferences are ignored.",
+        ),
     )
     job_link = {"parameters": {"job_id": "$response.body#/id"}}
-    submit["responses"]["202"]["links"] = {
-        "GetJob": {"operationId": "getJob", **job_link},
-        "CancelJob": {"operationId": "cancelJob", **job_link},
-        "GetJobContent": {"operationId": "getJobContent", **job_link},
-    }
+    for code in ("200", "202"):
+        submit["responses"][code]["links"] = {
+            "GetJob": {"operationId": "getJob", **job_link},
+            "CancelJob": {"operationId": "cancelJob", **job_link},
+            "GetJobContent": {"operationId": "getJobContent", **job_link},
+        }
     submit["requestBody"] = {"required": True, "content": {"application/json": {"schema": _ref("JobCreate")}}}
     return webhooks_openapi.paths() | {
         "/v1/jobs": {
@@ -231,7 +175,6 @@ def _paths() -> dict[str, Any]:
                 "List jobs, newest first",
                 {"200": _json("JobList", "A page of jobs"), **_problems(422)},
                 *listing,
-                auth=True,
             ),
         },
         "/v1/jobs/{job_id}": {
@@ -245,7 +188,6 @@ def _paths() -> dict[str, Any]:
                 },
                 job_id,
                 _param("If-None-Match", "header", text),
-                auth=True,
             )
         },
         "/v1/jobs/{job_id}/cancel": {
@@ -254,7 +196,6 @@ def _paths() -> dict[str, Any]:
                 "Cancel a job (idempotent)",
                 {"200": _json("Job", "Canceled (now or before)"), **_problems(404, 409)},
                 job_id,
-                auth=True,
             )
         },
         "/v1/jobs/{job_id}/content": {
@@ -263,22 +204,32 @@ def _paths() -> dict[str, Any]:
                 "Download the job's text, video or thumbnail",
                 {
                     "200": {"description": "The bytes", "content": binary},
-                    "206": {"description": "Partial content (Range)", "content": binary},
+                    "206": {
+                        "description": "Partial content (Range)",
+                        "content": binary,
+                        "headers": {"Content-Range": {"schema": text}},
+                    },
                     "304": {"description": "Not modified"},
                     **_problems(404, 409, 422),
+                    **unsatisfiable,
                 },
                 job_id,
                 variant,
                 _param("Range", "header", text),
-                auth=True,
             )
         },
-        "/v1/health": {"get": _op("health", "Liveness", {"200": _json("Health", "Alive")}, db=False)},
+        "/v1/health": {
+            "get": _op("health", "Liveness", {"200": _json("Health", "Alive")}, db=False, auth=False)
+        },
         "/v1/ready": {
-            "get": _op("ready", "Readiness: database and broker", {"200": _json("Ready", "Ready")})
+            "get": _op(
+                "ready", "Readiness: database and broker", {"200": _json("Ready", "Ready")}, auth=False
+            )
         },
         "/openapi.json": {
-            "get": _op("openapi", "This document", {"200": {"description": "OpenAPI 3.1"}}, db=False)
+            "get": _op(
+                "openapi", "This document", {"200": {"description": "OpenAPI 3.1"}}, db=False, auth=False
+            )
         },
         "/docs": {
             "get": _op(
@@ -286,6 +237,7 @@ def _paths() -> dict[str, Any]:
                 "API reference for humans",
                 {"200": {"description": "HTML", "content": {"text/html": {}}}},
                 db=False,
+                auth=False,
             )
         },
         "/metrics": {
@@ -294,6 +246,7 @@ def _paths() -> dict[str, Any]:
                 "Prometheus metrics",
                 {"200": {"description": "Prometheus text format", "content": {"text/plain": {}}}},
                 db=False,
+                auth=False,
             )
         },
     }

@@ -129,14 +129,16 @@ def list_endpoints() -> Response:
         return jsonify({"data": [endpoint_resource(ep) for ep in rows]})
 
 
-@bp.delete("/webhooks/<endpoint_id>")
-def delete_endpoint(endpoint_id: str) -> tuple[str, int]:
+# A uuid converter, not a plain segment: `/webhooks/secret` must not match this rule too (the
+# automatic OPTIONS answer and 405's Allow list the methods of every rule the path matches).
+@bp.delete("/webhooks/<uuid:endpoint_id>")
+def delete_endpoint(endpoint_id: uuid.UUID) -> tuple[str, int]:
     """Soft delete: the endpoint stops receiving, its delivery log stays readable."""
-    eid = _uuid(endpoint_id, "webhook endpoint")
+    eid = endpoint_id
     with transaction(services().sessions) as s:
         ep = s.scalars(_registered().where(WebhookEndpoint.id == eid)).first()
         if ep is None:
-            raise NotFound(f"No webhook endpoint with id {endpoint_id!r}.")
+            raise NotFound(f"No webhook endpoint with id '{endpoint_id}'.")
         now = utcnow()
         ep.disabled_at, ep.disabled_reason = ep.disabled_at or now, "deleted"
         for d in s.scalars(

@@ -97,6 +97,12 @@ def paths() -> dict[str, Any]:
             **_problems(400, 413, 415, 422),
         },
     )
+    create["responses"]["201"]["links"] = {
+        "DeleteWebhookEndpoint": {
+            "operationId": "deleteWebhookEndpoint",
+            "parameters": {"endpoint_id": "$response.body#/id"},
+        }
+    }
     create["requestBody"] = {
         "required": True,
         "content": {"application/json": {"schema": _ref("EndpointCreate")}},
@@ -119,7 +125,11 @@ def paths() -> dict[str, Any]:
             )
         },
         "/v1/webhooks/secret": {
-            "get": _op("getWebhookSecret", "The caller's signing secret", {"200": _json("WebhookSecret", "")})
+            "get": _op(
+                "getWebhookSecret",
+                "The caller's signing secret",
+                {"200": _json("WebhookSecret", "")},
+            )
         },
         "/v1/webhooks/secret/rotate": {
             "post": _op(

@@ -7,17 +7,30 @@ regular test; GENQUEUE_FUZZ_EXAMPLES raises them for a longer run.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
+import socket
+import threading
+import uuid
 from collections import Counter
+from collections.abc import Callable, Iterator, MutableMapping
+from datetime import UTC, datetime, timedelta
+from types import SimpleNamespace
 
 import pytest
 import schemathesis
+import schemathesis.cli
+from click.testing import CliRunner
 from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis import GenerationMode
+from schemathesis.hooks import GLOBAL_HOOK_DISPATCHER
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 from schemathesis.specs.openapi.schemas import OpenApiSchema
+from werkzeug.serving import make_server
 
-from app import create_app
+from app import create_app, idempotency, jobs, openapi_rules
+from models import ssrf
 
 EXAMPLES = int(os.environ.get("GENQUEUE_FUZZ_EXAMPLES", "25"))
 HYPOTHESIS = settings(
@@ -120,3 +133,181 @@ def test_stateful(api_schema) -> None:
     )
     # The links were followed: a job submitted in a scenario was then read through its id.
     assert seen[("POST /v1/jobs", 202)] and seen[("GET /v1/jobs/{job_id}", 200)], seen
+
+
+# --- the schemathesis CLI, `--checks all`, every phase, over HTTP --------------------------------
+#
+# What the document cannot state is supplied here, never by relaxing a check:
+# - a webhook URL's host must resolve to public addresses: a schema-valid URL gets HOOK_DOMAIN as
+#   its host, which the test's resolver maps to a public-looking address (the production SSRF
+#   check is unchanged and still judges that address; nothing is sent, no worker runs);
+# - a cursor is valid only if the server made it: a schema-valid cursor is swapped for a real one;
+# - integer params are written without a fraction (strict models), which JSON Schema cannot say:
+#   a schema-valid 256.0 is sent as 256;
+# - an Idempotency-Key reused with another body is a 422 (the IETF draft's answer): a schema-valid
+#   key is tied to the body, so a repeat is a real replay and never a misuse.
+
+HOOK_DOMAIN = "hooks.test"  # .test is reserved (RFC 6761): it never resolves for real
+PUBLIC_LOOKING = "93.184.215.14"  # global unicast (IANA); never connected to here
+CLI_EXAMPLES = int(os.environ.get("GENQUEUE_FUZZ_CLI_EXAMPLES", "20"))
+# Deterministic by default (a failure reproduces); GENQUEUE_FUZZ_SEED=N draws other inputs.
+CLI_SEED = os.environ.get("GENQUEUE_FUZZ_SEED")
+DETERMINISTIC = ["--generation-deterministic"]
+
+
+def _hook_host(host: object) -> bool:
+    return isinstance(host, str) and (host == HOOK_DOMAIN or host.endswith("." + HOOK_DOMAIN))
+
+
+@pytest.fixture
+def test_hosts(monkeypatch) -> Callable[[str], None]:
+    """test_hosts(address): names under HOOK_DOMAIN resolve to `address`; every other lookup is
+    the real one. The SSRF check itself is untouched: it still judges the address it is given."""
+    real = socket.getaddrinfo
+
+    def resolve_to(address: str) -> None:
+        def getaddrinfo(host, port, *args, **kwargs):
+            if _hook_host(host):
+                return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (address, port or 0))]
+            return real(host, port, *args, **kwargs)
+
+        monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+
+    return resolve_to
+
+
+@pytest.fixture
+def public_test_hosts(test_hosts) -> None:
+    test_hosts(PUBLIC_LOOKING)
+
+
+def test_webhook_registration_succeeds_for_a_public_test_host(client, public_test_hosts, api_schema) -> None:
+    endpoint = {"url": f"https://a.{HOOK_DOMAIN}:8443/hook?x=1", "events": ["job.failed"]}
+    resp = client.post("/v1/webhooks", json=endpoint)
+    assert resp.status_code == 201, resp.get_json()
+    api_schema["/v1/webhooks"]["POST"].validate_response(resp)  # 201 is documented: its body conforms
+    webhook = {"url": f"http://{HOOK_DOMAIN}/"}
+    job = client.post("/v1/jobs", json={"prompt": "p", "modality": "text", "webhook": webhook})
+    assert job.status_code == 202, job.get_json()
+
+
+@pytest.mark.parametrize("address", [None, "127.0.0.1", "10.0.0.7", "169.254.169.254"])
+def test_the_test_host_is_still_judged_by_the_ssrf_check(client, test_hosts, address) -> None:
+    # Without the resolver the name does not resolve; with it, a non-public address is refused.
+    if address is not None:
+        test_hosts(address)
+    resp = client.post("/v1/webhooks", json={"url": f"https://a.{HOOK_DOMAIN}/hook"})
+    assert resp.status_code == 422 and resp.get_json()["errors"][0]["field"] == "url", resp.get_json()
+    assert ("does not resolve" if address is None else address) in resp.get_json()["errors"][0]["message"]
+
+
+def _public_host(url: str) -> str:
+    """`url` with its host replaced by HOOK_DOMAIN (scheme, port, path and the rest kept)."""
+    host = re.match(openapi_rules.URL_SCHEME + openapi_rules.URL_HOST, url)
+    assert host is not None
+    scheme = re.match(openapi_rules.URL_SCHEME, url)
+    assert scheme is not None
+    return (url[: scheme.end()] + HOOK_DOMAIN + url[host.end() :])[: ssrf.MAX_URL_CHARS]
+
+
+def _with_public_host(holder: object) -> None:
+    if isinstance(holder, dict):
+        url = holder.get("url")
+        valid = isinstance(url, str) and len(url) <= ssrf.MAX_URL_CHARS
+        if valid and re.fullmatch(openapi_rules.URL_PATTERN, url):
+            holder["url"] = _public_host(url)
+
+
+def _whole(value: object) -> object:
+    return int(value) if isinstance(value, float) and value.is_integer() and abs(value) < 2**63 else value
+
+
+def _real_cursor(value: str) -> str:
+    digest = hashlib.sha256(value.encode()).digest()
+    job = SimpleNamespace(
+        created_at=datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=int.from_bytes(digest[:3])),
+        id=uuid.UUID(bytes=digest[:16]),
+    )
+    return jobs._encode_cursor(job)  # type: ignore[arg-type]
+
+
+def before_call(context, case, kwargs) -> None:
+    """A schemathesis hook: keep schema-valid values valid where the document cannot say how.
+    Each rewrite leaves an invalid value alone, so negative cases stay negative."""
+    if case.method.upper() == "POST" and case.path == "/v1/webhooks":
+        _with_public_host(case.body)
+    if case.method.upper() == "POST" and case.path == "/v1/jobs" and isinstance(case.body, dict):
+        _with_public_host(case.body.get("webhook"))
+        params = case.body.get("params")
+        if isinstance(params, dict):
+            case.body["params"] = {k: _whole(v) for k, v in params.items()}
+    if case.method.upper() == "GET" and case.path == "/v1/jobs" and isinstance(case.query, MutableMapping):
+        cursor = case.query.get("cursor")
+        if isinstance(cursor, str) and re.fullmatch(openapi_rules.CURSOR["pattern"], cursor):
+            case.query["cursor"] = _real_cursor(cursor)
+    if case.method.upper() == "POST" and case.path == "/v1/jobs" and isinstance(case.headers, MutableMapping):
+        key = case.headers.get(idempotency.HEADER)
+        if isinstance(key, str) and 1 <= len(key) <= 255 and re.fullmatch(r"[ -~]+", key):
+            body = hashlib.sha256(repr(case.body).encode()).hexdigest()[:40]
+            case.headers[idempotency.HEADER] = f"{key[:190]}.{body}"
+
+
+
+@pytest.fixture
+def answers() -> Iterator[Counter[tuple[str, int]]]:
+    """The hooks, registered while the test runs; yields the count of (operation, status) seen."""
+    seen: Counter[tuple[str, int]] = Counter()
+
+    def after_call(context, case, response) -> None:
+        seen[(f"{case.method.upper()} {case.path}", response.status_code)] += 1
+
+    schemathesis.hook(before_call)
+    schemathesis.hook(after_call)
+    yield seen
+    GLOBAL_HOOK_DISPATCHER.unregister(before_call)
+    GLOBAL_HOOK_DISPATCHER.unregister(after_call)
+
+
+@pytest.fixture
+def live_api(settings, sessions, broker):
+    """The app over real HTTP (werkzeug, threaded), as the CLI talks to a deployment."""
+    flask_app = create_app(
+        # The fuzzer explores inputs, not the rate limiter; `Prefer: wait` would hold a request
+        # (no worker runs) for up to max_wait_s.
+        settings.model_copy(update={"plan_rate_limit": "100000/second", "max_wait_s": 1})
+    )
+    server = make_server("127.0.0.1", 0, flask_app, threaded=True)
+    thread = threading.Thread(target=server.serve_forever, name="fuzz-api", daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+    thread.join(timeout=10)
+    flask_app.extensions["genqueue"].engine.dispose()
+
+
+@pytest.mark.slow
+def test_cli_checks_all(
+    live_api, api_key, public_test_hosts, answers, tmp_path, monkeypatch
+) -> None:
+    """`st run --checks all` over every operation and phase (examples, coverage, fuzzing,
+    stateful) reports no failure: the document matches the API."""
+    monkeypatch.chdir(tmp_path)  # the CLI's cache stays out of the tree
+    # The key as the document's bearerAuth scheme, so the CLI leaves it out where it tests a
+    # missing or wrong Authorization (a plain --header would be sent on those too).
+    config = tmp_path / "schemathesis.toml"
+    config.write_text(f'[auth.openapi.bearerAuth]\nbearer = "{api_key}"\n')
+    args = [
+        "--config-file", str(config), "run", f"{live_api}/openapi.json", "--checks", "all",
+        "--max-examples", str(CLI_EXAMPLES), *(["--seed", CLI_SEED] if CLI_SEED else DETERMINISTIC),
+        "--workers", "2", "--request-timeout", "10", "--no-color", "--output-sanitize", "false",
+    ]  # fmt: skip
+    result = CliRunner().invoke(schemathesis.cli.schemathesis, args, catch_exceptions=False)
+    summary = result.output[result.output.find("=== SUMMARY") :]
+    assert result.exit_code == 0, result.output[-20000:]
+    assert "16 selected / 16 total" in result.output and "Tested: 16" in summary, summary
+    # The success paths were reached, webhook registration included (through the test resolver).
+    reached = [
+        ("POST /v1/webhooks", 201), ("DELETE /v1/webhooks/{endpoint_id}", 204), ("POST /v1/jobs", 202),
+        ("GET /v1/jobs", 200), ("GET /v1/jobs/{job_id}", 200),
+    ]  # fmt: skip
+    assert all(answers[r] for r in reached), answers

@@ -11,13 +11,22 @@ import uuid
 from pathlib import Path
 
 import pytest
+import schemathesis
+from hypothesis import given
+from hypothesis import settings as examples
+from hypothesis import strategies as st
+from jsonschema import Draft202012Validator
 from openapi_spec_validator import validate
+from pydantic import ValidationError
 
-from app.openapi import Job, JobList
-from app.schemas import TextJobCreate, VideoJobCreate
+from app import openapi_rules
+from app.openapi_models import Job, JobList
+from app.schemas import TextJobCreate, VideoJobCreate, parse_job
 from models import Job as JobRow
-from models import JobStatus
+from models import JobStatus, ssrf
+from models.db import transaction
 from models.resource import job_resource
+from models.settings import Settings
 
 
 @pytest.fixture
@@ -120,3 +129,132 @@ def test_factory_is_light_and_metrics_are_multiprocess_safe(settings, tmp_path):
         'genqueue_http_requests_total{endpoint="/v1/health",method="GET",status="200"} 1.0' in out["metrics"]
     )
     assert list(tmp_path.glob("*.db"))  # values went through the multiprocess files
+
+
+# --- the document matches the API's answers ----------------------------------------------------
+
+
+def _url(path: str) -> str:
+    return re.sub(r"\{[^{}]+\}", str(uuid.uuid4()), path)  # any id: routing and auth come first
+
+
+@pytest.fixture
+def documented(spec):
+    """documented(method, path, response): the status is documented and the answer conforms to it."""
+    schema = schemathesis.openapi.from_dict(spec)
+
+    def check(method: str, path: str, resp) -> dict:
+        declared = spec["paths"][path][method.lower()]["responses"].get(str(resp.status_code))
+        assert declared is not None, f"{resp.status_code} is not documented for {method} {path}"
+        schema[path][method].validate_response(resp)  # content type, headers, body schema
+        return declared
+
+    return check
+
+
+def test_security_is_as_declared(anon_client, spec):
+    """An operation that declares bearerAuth answers 401 without a key (documented); one that
+    declares `security: []` does not ask for one."""
+    for path, ops in spec["paths"].items():
+        for method, op in ops.items():
+            resp = anon_client.open(_url(path), method=method.upper())
+            if op["security"]:
+                assert resp.status_code == 401 and "401" in op["responses"], (method, path, resp.status_code)
+            else:
+                assert resp.status_code != 401, (method, path)
+
+
+def test_allow_lists_exactly_the_documented_methods(client, spec):
+    for path, ops in spec["paths"].items():
+        resp = client.options(_url(path))
+        allowed = {m.strip().lower() for m in resp.headers["Allow"].split(",")} - {"head", "options"}
+        assert allowed == set(ops), (path, resp.headers["Allow"])
+    # /v1/webhooks/secret is not an endpoint id: DELETE is not a method of it.
+    assert client.delete("/v1/webhooks/secret").status_code == 405
+
+
+def _finish(sessions, job_id: str) -> None:
+    with transaction(sessions) as s:
+        job = s.get(JobRow, uuid.UUID(job_id))
+        job.status, job.output_text, job.progress = JobStatus.SUCCEEDED, "done", 100
+
+
+def test_submit_answers_as_documented(client, sessions, documented):
+    """202 when queued; the Idempotency-Key replay of a job that has finished since is a 200."""
+    body, key = {"prompt": "a fox", "modality": "text"}, {"Idempotency-Key": "doc-200"}
+    first = client.post("/v1/jobs", json=body, headers=key)
+    assert first.status_code == 202
+    documented("POST", "/v1/jobs", first)
+    _finish(sessions, first.get_json()["id"])
+    replay = client.post("/v1/jobs", json=body, headers=key)
+    assert replay.status_code == 200 and replay.headers["Idempotent-Replayed"] == "true"
+    assert replay.get_json()["status"] == "succeeded"
+    assert "Idempotent-Replayed" in documented("POST", "/v1/jobs", replay)["headers"]
+
+
+def test_integral_floats_are_refused_as_documented(client, spec):
+    # JSON Schema's `integer` takes 7.0; the strict models do not, and the document says so.
+    resp = client.post("/v1/jobs", json={"prompt": "p", "modality": "text", "params": {"seed": 7.0}})
+    assert resp.status_code == 422 and resp.get_json()["errors"][0]["field"] == "params.seed"
+    for name in ("TextParams", "VideoParams"):
+        assert openapi_rules.INTEGERS_NOTE in spec["components"]["schemas"][name]["description"]
+
+
+def test_unsatisfiable_range_is_documented(client, sessions, settings, documented):
+    job_id = uuid.uuid4()
+    folder = Path(settings.artifact_dir) / str(job_id)
+    folder.mkdir(parents=True)
+    (folder / "video.mp4").write_bytes(b"\x00" * 100)
+    with transaction(sessions) as s:
+        s.add(JobRow(id=job_id, modality="video", prompt="p", params={}, status=JobStatus.SUCCEEDED,
+                     artifact_path=f"{job_id}/video.mp4", artifact_bytes=100))  # fmt: skip
+    resp = client.get(f"/v1/jobs/{job_id}/content", headers={"Range": "bytes=500-"})
+    assert resp.status_code == 416 and resp.mimetype == "application/problem+json"
+    assert resp.headers["Content-Range"] == "bytes */100"
+    assert "Content-Range" in documented("GET", "/v1/jobs/{job_id}/content", resp)["headers"]
+
+
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [("?cursor=", "cursor"), ("?status=", "status"), ("?limit=", "limit"), ("/content?variant=", "variant")],
+)
+def test_an_empty_query_value_is_invalid_as_documented(client, sessions, spec, query, field):
+    """One rule for every query parameter: empty is a 422 naming it, never the default."""
+    with transaction(sessions) as s:
+        job = JobRow(id=uuid.uuid4(), modality="text", prompt="p", params={}, output_text="t")
+        s.add(job)
+    path = f"/v1/jobs/{job.id}/content" if field == "variant" else "/v1/jobs"
+    resp = client.get(path + query.removeprefix("/content"))
+    assert resp.status_code == 422 and resp.get_json()["errors"][0]["field"] == field, resp.get_json()
+    op = spec["paths"]["/v1/jobs/{job_id}/content" if field == "variant" else "/v1/jobs"]["get"]
+    schema = next(p["schema"] for p in op["parameters"] if p["name"] == field)
+    # A query value is a string on the wire: "" must be outside the parameter's schema too.
+    assert not Draft202012Validator(schema).is_valid("") or schema.get("type") == "integer"
+
+
+@given(text=st.text(max_size=20))
+@examples(max_examples=400, deadline=None)
+def test_prompt_and_metadata_patterns_agree_with_the_validators(text: str) -> None:
+    """The document's patterns (app.openapi_rules) state what the validators do, character by character."""
+    base = {"modality": "text", "prompt": text}
+    assert _accepted(base) == bool(re.search(openapi_rules.PROMPT_PATTERN, text)), repr(text)
+    meta = {"modality": "text", "prompt": "p", "metadata": {"k": text}}
+    assert _accepted(meta) == bool(re.fullmatch(openapi_rules.NO_CONTROL_PATTERN, text)), repr(text)
+
+
+def _accepted(body: dict) -> bool:
+    try:
+        parse_job(body, Settings())
+    except ValidationError:
+        return False
+    return True
+
+
+@given(url=st.from_regex(openapi_rules.URL_PATTERN, fullmatch=True))
+@examples(max_examples=300, deadline=None)
+def test_a_url_the_document_allows_passes_the_syntax_check(url: str) -> None:
+    """Whatever matches the document's URL pattern is a URL models.ssrf takes apart without
+    complaint; only where its host resolves to is left for the check at submit."""
+    if len(url) <= ssrf.MAX_URL_CHARS:
+        scheme, host, _ = ssrf.split_url(url)
+        assert scheme in ("http", "https") and host

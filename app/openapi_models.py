@@ -1,0 +1,91 @@
+"""The job API's response models as /openapi.json documents them (webhooks: app.webhooks_openapi)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Status = Literal["queued", "running", "succeeded", "failed", "canceled"]
+
+
+class _Doc(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class JobOutputs(_Doc):
+    text: str | None
+    text_url: str | None
+    video_url: str | None
+    thumbnail_url: str | None
+
+
+class JobError(_Doc):
+    code: str | None
+    message: str | None
+    stage: str | None
+
+
+class JobTimings(_Doc):
+    created_at: str | None
+    started_at: str | None
+    text_completed_at: str | None
+    completed_at: str | None
+    queue_s: float | None
+    text_s: float | None
+    video_s: float | None
+    gpu_s: float | None
+
+
+class Job(_Doc):
+    """The job resource (models.resource.job_resource)."""
+
+    id: str
+    object: Literal["job"]
+    status: Status
+    stage: Literal["text", "video"] | None
+    progress: int = Field(ge=0, le=100)
+    queue_position: int | None = Field(description="1-based place among queued jobs; null unless queued.")
+    modality: Literal["text", "video"]
+    prompt: str
+    params: dict[str, Any] = Field(description="Complete: every omitted param filled with its default.")
+    priority: Literal["high", "normal", "low"]
+    outputs: JobOutputs
+    error: JobError | None
+    attempts: int = Field(description="Runs of the current stage: retries and redeliveries included.")
+    degraded: dict[str, Any] | None = Field(
+        description="Set when the video stage was retried at a lower cost: reason, from, to."
+    )
+    cached: bool = Field(description="Answered from an identical earlier job, not computed again.")
+    source_job_id: str | None = Field(description="The identical job a cached one reused; else null.")
+    timings: JobTimings
+    metadata: dict[str, str]
+
+
+class JobList(_Doc):
+    data: list[Job]
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null on the last.")
+
+
+class FieldError(_Doc):
+    field: str = Field(description="Dotted path of the offending field, e.g. `params.width`.")
+    message: str
+
+
+class Problem(BaseModel):
+    """RFC 9457 problem details; extension members (e.g. `job_status`, `checks`) may appear."""
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    errors: list[FieldError]
+
+
+class Health(_Doc):
+    status: Literal["ok"]
+
+
+class Ready(_Doc):
+    status: Literal["ready"]
+    checks: dict[str, dict[str, Any]]
