@@ -10,57 +10,10 @@ from pydantic import TypeAdapter
 
 from app import openapi_rules, webhooks_openapi
 from app.openapi_models import Health, Job, JobList, Problem, Ready
+from app.openapi_parts import REF, json_answer, op, param, problems, ref
 from app.schemas import job_create_adapter
 
 bp = Blueprint("openapi", __name__)
-REF = "#/components/schemas/{model}"
-
-
-def _problems(*codes: int) -> dict[str, Any]:
-    ref = {"$ref": REF.format(model="Problem")}
-    return {
-        str(c): {"description": _REASONS[c], "content": {"application/problem+json": {"schema": ref}}}
-        for c in codes
-    }
-
-
-_REASONS = {
-    400: "Unparseable JSON body",
-    401: "Missing, invalid or revoked API key",
-    403: "Beyond the tenant's plan (the limits are named)",
-    404: "No such job (or other resource)",
-    409: "Conflicting state",
-    413: "Body too large",
-    415: "Body is not JSON",
-    416: "Range not satisfiable (see Content-Range)",
-    422: "Validation failed",
-    429: "Rate limit or concurrency quota exceeded (see Retry-After)",
-    503: "Database or broker unavailable, or the service is overloaded (see Retry-After)",
-}
-_RETRY_AFTER = {"Retry-After": {"schema": {"type": "integer"}, "description": "Seconds to wait."}}
-_INT = {"schema": {"type": "integer"}}
-_RATE_LIMIT = {
-    "RateLimit-Limit": _INT | {"description": "Requests allowed in the binding window."},
-    "RateLimit-Remaining": _INT | {"description": "Requests left in it."},
-    "RateLimit-Reset": _INT | {"description": "Seconds until it resets."},
-    "RateLimit-Policy": {"schema": {"type": "string"}, "description": "Every limit: `100;w=1, 3000;w=60`."},
-}
-
-
-def _ref(model: str) -> dict[str, str]:
-    return {"$ref": REF.format(model=model)}
-
-
-def _json(model: str, description: str, headers: dict[str, Any] | None = None) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "description": description,
-        "content": {"application/json": {"schema": _ref(model)}},
-    }
-    if headers:
-        out["headers"] = headers
-    return out
-
-
 def _schemas() -> dict[str, Any]:
     """Every named schema, with pydantic's $defs hoisted into components."""
     out: dict[str, Any] = {}
@@ -78,47 +31,15 @@ def _schemas() -> dict[str, Any]:
     return out
 
 
-def _param(name: str, where: str, schema: dict[str, Any], description: str = "") -> dict[str, Any]:
-    return {
-        "name": name,
-        "in": where,
-        "required": where == "path",
-        "schema": schema,
-        "description": description,
-    }
-
-
-def _op(
-    op_id: str,
-    summary: str,
-    responses: dict[str, Any],
-    *params: dict[str, Any],
-    db: bool = True,
-    auth: bool = True,
-) -> Any:
-    """One operation; those touching the database or broker may also answer 503, keyed ones (all but
-    the public ones, app.auth.PUBLIC_ENDPOINTS and the paths outside /v1) 401/429."""
-    if db:
-        responses = {**responses, **_problems(503)}
-        responses["503"]["headers"] = _RETRY_AFTER
-    if auth:
-        responses = {**responses, **_problems(401, 429)}
-        responses["401"]["headers"] = {"WWW-Authenticate": {"schema": {"type": "string"}}}
-        responses["429"]["headers"] = _RETRY_AFTER | _RATE_LIMIT
-    op = {"operationId": op_id, "summary": summary, "responses": responses}
-    op["security"] = [{"bearerAuth": []}] if auth else []
-    return op | ({"parameters": list(params)} if params else {})
-
-
 def _paths() -> dict[str, Any]:
-    job_id = _param("job_id", "path", {"type": "string", "format": "uuid"})
+    job_id = param("job_id", "path", {"type": "string", "format": "uuid"})
     text = {"type": "string"}
     listing = openapi_rules.query_params()
     variants = {"type": "string", "enum": ["video", "text", "thumbnail"]}
-    variant = _param(
+    variant = param(
         "variant", "query", variants, "Default: video for video jobs, text for text jobs (empty: 422)."
     )
-    unsatisfiable = _problems(416)
+    unsatisfiable = problems(416)
     unsatisfiable["416"]["headers"] = {"Content-Range": {"schema": text, "description": "`bytes */<size>`"}}
     binary = {
         t: {"schema": {"type": "string", "format": "binary"}}
@@ -131,27 +52,29 @@ def _paths() -> dict[str, Any]:
             "description": "Present on an Idempotency-Key replay: the job is the original one.",
         },
     }
-    submit = _op(
+    submit = op(
         "submitJob",
         "Submit a job",
         {
-            "200": _json(
+            "200": json_answer(
                 "Job",
                 "Finished already: answered from the cache, finished within `Prefer: wait`, or the "
                 "Idempotency-Key replay of a finished job",
                 submitted,
             ),
-            "202": _json("Job", "Queued (or the Idempotency-Key replay of an unfinished job)", submitted),
-            **_problems(400, 403, 413, 415, 422),
+            "202": json_answer(
+                "Job", "Queued (or the Idempotency-Key replay of an unfinished job)", submitted
+            ),
+            **problems(400, 403, 413, 415, 422),
         },
-        _param(
+        param(
             "Idempotency-Key",
             "header",
             {"type": "string", "minLength": 1, "maxLength": 255, "pattern": "^[ -~]+$"},
             "Printable ASCII. Kept 24 h: a repeat with the same body returns the original job "
             "(header Idempotent-Replayed: true); with another body, 422.",
         ),
-        _param(
+        param(
             "Prefer",
             "header",
             text,
@@ -166,40 +89,40 @@ def _paths() -> dict[str, Any]:
             "CancelJob": {"operationId": "cancelJob", **job_link},
             "GetJobContent": {"operationId": "getJobContent", **job_link},
         }
-    submit["requestBody"] = {"required": True, "content": {"application/json": {"schema": _ref("JobCreate")}}}
+    submit["requestBody"] = {"required": True, "content": {"application/json": {"schema": ref("JobCreate")}}}
     return webhooks_openapi.paths() | {
         "/v1/jobs": {
             "post": submit,
-            "get": _op(
+            "get": op(
                 "listJobs",
                 "List jobs, newest first",
-                {"200": _json("JobList", "A page of jobs"), **_problems(422)},
+                {"200": json_answer("JobList", "A page of jobs"), **problems(422)},
                 *listing,
             ),
         },
         "/v1/jobs/{job_id}": {
-            "get": _op(
+            "get": op(
                 "getJob",
                 "Get a job",
                 {
-                    "200": _json("Job", "The job", {"ETag": {"schema": text}}),
+                    "200": json_answer("Job", "The job", {"ETag": {"schema": text}}),
                     "304": {"description": "Not modified"},
-                    **_problems(404),
+                    **problems(404),
                 },
                 job_id,
-                _param("If-None-Match", "header", text),
+                param("If-None-Match", "header", text),
             )
         },
         "/v1/jobs/{job_id}/cancel": {
-            "post": _op(
+            "post": op(
                 "cancelJob",
                 "Cancel a job (idempotent)",
-                {"200": _json("Job", "Canceled (now or before)"), **_problems(404, 409)},
+                {"200": json_answer("Job", "Canceled (now or before)"), **problems(404, 409)},
                 job_id,
             )
         },
         "/v1/jobs/{job_id}/content": {
-            "get": _op(
+            "get": op(
                 "getJobContent",
                 "Download the job's text, video or thumbnail",
                 {
@@ -210,29 +133,29 @@ def _paths() -> dict[str, Any]:
                         "headers": {"Content-Range": {"schema": text}},
                     },
                     "304": {"description": "Not modified"},
-                    **_problems(404, 409, 422),
+                    **problems(404, 409, 422),
                     **unsatisfiable,
                 },
                 job_id,
                 variant,
-                _param("Range", "header", text),
+                param("Range", "header", text),
             )
         },
         "/v1/health": {
-            "get": _op("health", "Liveness", {"200": _json("Health", "Alive")}, db=False, auth=False)
+            "get": op("health", "Liveness", {"200": json_answer("Health", "Alive")}, db=False, auth=False)
         },
         "/v1/ready": {
-            "get": _op(
-                "ready", "Readiness: database and broker", {"200": _json("Ready", "Ready")}, auth=False
+            "get": op(
+                "ready", "Readiness: database and broker", {"200": json_answer("Ready", "Ready")}, auth=False
             )
         },
         "/openapi.json": {
-            "get": _op(
+            "get": op(
                 "openapi", "This document", {"200": {"description": "OpenAPI 3.1"}}, db=False, auth=False
             )
         },
         "/docs": {
-            "get": _op(
+            "get": op(
                 "docs",
                 "API reference for humans",
                 {"200": {"description": "HTML", "content": {"text/html": {}}}},
@@ -241,7 +164,7 @@ def _paths() -> dict[str, Any]:
             )
         },
         "/metrics": {
-            "get": _op(
+            "get": op(
                 "metrics",
                 "Prometheus metrics",
                 {"200": {"description": "Prometheus text format", "content": {"text/plain": {}}}},

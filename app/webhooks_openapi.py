@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.openapi_parts import json_answer, op, param, problems, ref
 from app.webhook_schemas import EndpointCreate, EventType
 
 
@@ -84,17 +85,16 @@ REQUESTS: list[type[BaseModel]] = [EndpointCreate]
 
 
 def paths() -> dict[str, Any]:
-    from app.openapi import _json, _op, _param, _problems, _ref  # the document's own helpers
 
-    job_id = _param("job_id", "path", {"type": "string", "format": "uuid"})
-    endpoint_id = _param("endpoint_id", "path", {"type": "string", "format": "uuid"})
-    delivery_id = _param("delivery_id", "path", {"type": "string", "format": "uuid"})
-    create = _op(
+    job_id = param("job_id", "path", {"type": "string", "format": "uuid"})
+    endpoint_id = param("endpoint_id", "path", {"type": "string", "format": "uuid"})
+    delivery_id = param("delivery_id", "path", {"type": "string", "format": "uuid"})
+    create = op(
         "createWebhookEndpoint",
         "Register an endpoint for every job's events",
         {
-            "201": _json("WebhookEndpoint", "Registered", {"Location": {"schema": {"type": "string"}}}),
-            **_problems(400, 413, 415, 422),
+            "201": json_answer("WebhookEndpoint", "Registered", {"Location": {"schema": {"type": "string"}}}),
+            **problems(400, 413, 415, 422),
         },
     )
     create["responses"]["201"]["links"] = {
@@ -105,52 +105,52 @@ def paths() -> dict[str, Any]:
     }
     create["requestBody"] = {
         "required": True,
-        "content": {"application/json": {"schema": _ref("EndpointCreate")}},
+        "content": {"application/json": {"schema": ref("EndpointCreate")}},
     }
     return {
         "/v1/webhooks": {
             "post": create,
-            "get": _op(
+            "get": op(
                 "listWebhookEndpoints",
                 "List the caller's endpoints",
-                {"200": _json("WebhookEndpointList", "")},
+                {"200": json_answer("WebhookEndpointList", "")},
             ),
         },
         "/v1/webhooks/{endpoint_id}": {
-            "delete": _op(
+            "delete": op(
                 "deleteWebhookEndpoint",
                 "Delete an endpoint",
-                {"204": {"description": "Deleted"}, **_problems(404)},
+                {"204": {"description": "Deleted"}, **problems(404)},
                 endpoint_id,
             )
         },
         "/v1/webhooks/secret": {
-            "get": _op(
+            "get": op(
                 "getWebhookSecret",
                 "The caller's signing secret",
-                {"200": _json("WebhookSecret", "")},
+                {"200": json_answer("WebhookSecret", "")},
             )
         },
         "/v1/webhooks/secret/rotate": {
-            "post": _op(
+            "post": op(
                 "rotateWebhookSecret",
                 "Rotate the caller's signing secret (both sign during the grace period)",
-                {"200": _json("WebhookSecret", "The new secret"), **_problems(409)},
+                {"200": json_answer("WebhookSecret", "The new secret"), **problems(409)},
             )
         },
         "/v1/jobs/{job_id}/webhook-deliveries": {
-            "get": _op(
+            "get": op(
                 "listWebhookDeliveries",
                 "A job's webhook deliveries and every attempt",
-                {"200": _json("WebhookDeliveryList", ""), **_problems(404)},
+                {"200": json_answer("WebhookDeliveryList", ""), **problems(404)},
                 job_id,
             )
         },
         "/v1/webhook-deliveries/{delivery_id}/redeliver": {
-            "post": _op(
+            "post": op(
                 "redeliverWebhook",
                 "Send a delivery again",
-                {"202": _json("WebhookDelivery", "Queued"), **_problems(404, 409)},
+                {"202": json_answer("WebhookDelivery", "Queued"), **problems(404, 409)},
                 delivery_id,
             )
         },
