@@ -71,8 +71,12 @@ class Worker:
         name: str = "w",
         pool: str = "prefork",
         concurrency: int = 1,
+        gossip: bool = False,
     ) -> None:
         self.env, self.queues, self.pool, self.concurrency = env, queues, pool, concurrency
+        # The Procfile's workers run with gossip and mingle (their own broker consumers and
+        # timers); most tests leave them out to start faster.
+        self.gossip = gossip
         self.name = f"{name}-{uuid.uuid4().hex[:6]}"
         self.log = Path(log_dir) / f"{self.name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -81,8 +85,9 @@ class Worker:
         cmd = [
             sys.executable, "-m", "celery", "-A", "tasks.worker", "worker", "-Q", self.queues,
             "-P", self.pool, "-c", str(self.concurrency), "-n", f"{self.name}@%h", "-l", "INFO",
-            "--without-gossip", "--without-mingle",
         ]  # fmt: skip
+        if not self.gossip:
+            cmd += ["--without-gossip", "--without-mingle"]
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT)
         wait_for(self._ready, timeout, 0.2, f"worker {self.name} to start (log {self.log})")
