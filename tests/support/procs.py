@@ -72,22 +72,30 @@ class Worker:
         pool: str = "prefork",
         concurrency: int = 1,
         gossip: bool = False,
+        supervised: bool = False,
     ) -> None:
         self.env, self.queues, self.pool, self.concurrency = env, queues, pool, concurrency
         # The Procfile's workers run with gossip and mingle (their own broker consumers and
         # timers); most tests leave them out to start faster.
         self.gossip = gossip
+        # `genqueue worker ...` (app.supervise) as the Procfile runs it: self.pid is the
+        # supervisor, its child the Celery worker, restarted when it exits unexpectedly.
+        self.supervised = supervised
         self.name = f"{name}-{uuid.uuid4().hex[:6]}"
         self.log = Path(log_dir) / f"{self.name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 90) -> Worker:
-        cmd = [
-            sys.executable, "-m", "celery", "-A", "tasks.worker", "worker", "-Q", self.queues,
-            "-P", self.pool, "-c", str(self.concurrency), "-n", f"{self.name}@%h", "-l", "INFO",
+        args = [
+            "-Q", self.queues, "-P", self.pool, "-c", str(self.concurrency), "-n", f"{self.name}@%h",
+            "-l", "INFO",
         ]  # fmt: skip
         if not self.gossip:
-            cmd += ["--without-gossip", "--without-mingle"]
+            args += ["--without-gossip", "--without-mingle"]
+        if self.supervised:
+            cmd = [sys.executable, "-m", "app.cli", "worker", *args]
+        else:
+            cmd = [sys.executable, "-m", "celery", "-A", "tasks.worker", "worker", *args]
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT)
         wait_for(self._ready, timeout, 0.2, f"worker {self.name} to start (log {self.log})")
@@ -109,6 +117,22 @@ class Worker:
 
     def pool_children(self) -> list[psutil.Process]:
         return psutil.Process(self.pid).children()
+
+    def alive(self) -> bool:
+        """The worker process (supervised: the supervisor and a Celery child) is running."""
+        if self.proc is None or self.proc.poll() is not None:
+            return False
+        if not self.supervised:
+            return True
+        return any(p.status() != psutil.STATUS_ZOMBIE for p in self.pool_children())
+
+    def restarts(self) -> int:
+        """How many times the supervisor restarted the Celery worker (app.supervise's log line)."""
+        return self.log_text().count("worker exited with status")
+
+    def crashes(self) -> int:
+        """Celery's own `Unrecoverable error` lines: exits that supervision had to catch."""
+        return self.log_text().count("Unrecoverable error")
 
     def kill(self) -> None:
         """SIGKILL the worker and its pool children at once: nothing gets to ack or restore."""
