@@ -83,8 +83,8 @@ def test_workers_survive_redis_restarts_and_every_job_runs_once(settings, sessio
             for w in workers:
                 assert w.alive(), f"worker {w.name} is down after restart {n + 1}: {w.log_text()[-3000:]}"
         wait_for(lambda: _succeeded(sessions) == len(ids), 240, 0.5, f"all {len(ids)} jobs to succeed")
-        for w in workers:
-            assert w.alive(), f"worker {w.name} is down at the end"
+        # Alive, or back within a minute if supervision is restarting one (its backoff + start).
+        wait_for(lambda: all(w.alive() for w in workers), 60, 0.5, "every worker to be up at the end")
         crashes = {w.name: w.crashes() for w in workers}
         restarts = {w.name: w.restarts() for w in workers}
         # The kombu patch keeps each Celery worker up; supervision is only the safety net.

@@ -271,6 +271,82 @@ class RabbitVhost:
         subprocess.run(["rabbitmqctl", "delete_vhost", self.name], capture_output=True, timeout=60)
 
 
+class RabbitNode:
+    """A private RabbitMQ node (own node name, AMQP and distribution ports, data dir) to restart.
+
+    The machine's shared node (rabbit@localhost, 5672) is never touched: this one reads its own
+    config file (the shared one binds 5672) and enables no plugins (management would bind 15672).
+    """
+
+    SERVER = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
+
+    def __init__(self, workdir: Path) -> None:
+        self.port, self.dist_port = free_port(), free_port()
+        self.dir = Path(workdir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.node = f"gq{os.getpid()}x{uuid.uuid4().hex[:6]}@localhost"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @classmethod
+    def available(cls) -> bool:
+        return cls.SERVER.exists()
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port}//"
+
+    def _env(self) -> dict[str, str]:
+        (self.dir / "node.conf").write_text(f"listeners.tcp.local = 127.0.0.1:{self.port}\n")
+        (self.dir / "plugins").write_text("[].\n")
+        return os.environ | {
+            "RABBITMQ_NODENAME": self.node,
+            "RABBITMQ_NODE_PORT": str(self.port),
+            "RABBITMQ_DIST_PORT": str(self.dist_port),
+            "RABBITMQ_MNESIA_BASE": str(self.dir / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(self.dir / "log"),
+            "RABBITMQ_PID_FILE": str(self.dir / "pid"),
+            "RABBITMQ_CONFIG_FILE": str(self.dir / "node.conf"),
+            "RABBITMQ_ADVANCED_CONFIG_FILE": str(self.dir / "advanced.config"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.dir / "plugins"),
+            "RABBITMQ_CONF_ENV_FILE": "/dev/null",  # the shared node's env file names its node
+        }
+
+    def start(self, timeout: float = 120) -> RabbitNode:
+        with open(self.dir / "server.log", "ab") as out:
+            self.proc = subprocess.Popen(
+                [str(self.SERVER)], env=self._env(), stdout=out, stderr=subprocess.STDOUT
+            )
+        from kombu import Connection
+
+        def up() -> bool:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(f"rabbitmq-server exited: see {self.dir / 'server.log'}")
+            try:
+                with Connection(self.url, connect_timeout=1) as conn:
+                    conn.connect()
+                return True
+            except Exception:
+                return False
+
+        wait_for(up, timeout, 0.5, "the private RabbitMQ node to start")
+        return self
+
+    def stop(self) -> None:
+        """SIGTERM to the node's VM (a clean stop: durable queues and messages kept)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        pid_file = self.dir / "pid"
+        if pid_file.exists() and pid_file.read_text().strip():
+            try:
+                os.kill(int(pid_file.read_text().strip()), signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        else:
+            self.proc.terminate()
+        self.proc.wait(timeout=60)
+
+
 def rabbitmq_available() -> bool:
     if not shutil.which("rabbitmqctl"):
         return False
