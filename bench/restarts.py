@@ -158,7 +158,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         started_at = time.monotonic()
         rounds = len(outages) or 1
         per_round = [args.jobs // rounds + (1 if k < args.jobs % rounds else 0) for k in range(rounds)]
-        submitted = 0
+        submitted, stalled = 0, 0
         for k, outage in enumerate(outages or [None]):
             for _ in range(per_round[k]):
                 submit(sessions, app, "video", f"{PROMPT} {submitted}", **TINY)
@@ -167,7 +167,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 break
             # Under way: part of this round done, the rest running or queued, some threads idle.
             target = submitted - per_round[k] // 3
-            wait_for(lambda t=target: succeeded(sessions) >= t, 600, 0.2, f"round {k + 1} to get going")
+            try:
+                wait_for(lambda t=target: succeeded(sessions) >= t, args.settle, 0.2, f"round {k + 1}")
+            except AssertionError as exc:  # a worker is down for good: stop and report
+                print(exc, flush=True)
+                stalled = k + 1
+                break
             server = pg if outage == "postgres" else broker
             server.stop()
             time.sleep(args.down)  # the outage itself
@@ -192,6 +197,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "supervised": sup,
             "beat": args.beat,
             "wall_s": round(time.monotonic() - started_at, 1),
+            "stalled_in_round": stalled,
             "workers": {
                 w.name: {
                     "alive": w.alive(),
@@ -223,6 +229,7 @@ def main() -> int:
     print(json.dumps(result, indent=2, default=str))
     ok = (
         result["succeeded_events"] == args.jobs
+        and not result["stalled_in_round"]
         and result["duplicate_succeeded"] == 0
         and all(w["alive"] for w in result["workers"].values())
     )
