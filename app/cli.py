@@ -1,4 +1,4 @@
-"""The `genqueue` command: demo, embedded or plain serving, migrations, worker checks."""
+"""The `genqueue` command: demo, embedded or plain serving, migrations, supervised workers, worker checks."""
 
 from __future__ import annotations
 
@@ -136,6 +136,26 @@ def workers(timeout: float) -> None:
         click.echo(f"{name}: {', '.join(q['name'] for q in qs)}")
     if not queues:
         raise click.ClickException("no worker answered")
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--max-restarts", type=int, default=None, help="Give up after N restarts (default: never).")
+@click.argument("celery_args", nargs=-1, type=click.UNPROCESSED)
+def worker(max_restarts: int | None, celery_args: tuple[str, ...]) -> None:
+    """Run `celery -A tasks.worker worker CELERY_ARGS`, restarting it if it exits unexpectedly.
+
+    SIGTERM/SIGINT/SIGQUIT are passed on and stop it for good; see app/supervise.py.
+    """
+    from app.supervise import celery_worker_command, supervise
+
+    settings = Settings()
+    status = supervise(
+        celery_worker_command(celery_args),
+        backoff_s=settings.worker_restart_backoff_s,
+        backoff_max_s=settings.worker_restart_backoff_max_s,
+        max_restarts=max_restarts,
+    )
+    sys.exit(status)
 
 
 main.add_command(keys)

@@ -59,6 +59,18 @@ class Settings(BaseSettings):
     infra_backoff_s: float = 1.0
     infra_backoff_max_s: float = 30.0
     broker_restore_interval_s: int = 10  # Redis: how often unacked messages past the timeout return
+    broker_closed_transport_guard: bool = Field(
+        True,
+        description="Patch kombu's Redis transport so a channel of a closed connection raises a connection "
+        "error instead of AttributeError: the crash that made a worker exit on a Redis restart "
+        "(tasks.kombu_fixes). Off only to reproduce that crash.",
+    )
+    worker_restart_backoff_s: float = Field(
+        1.0, description="`genqueue worker`: first wait before restarting a worker that exited unexpectedly."
+    )
+    worker_restart_backoff_max_s: float = Field(
+        30.0, description="`genqueue worker`: the restart wait doubles per quick exit up to this."
+    )
     stage_grace_s: int = 120  # past a stage's hard time limit before the reaper calls it stuck
     publish_grace_s: int = 60  # committed but unpublished (or failed but uncompensated) this long
     queued_timeout_s: int = 6 * 3600  # waiting this long for a worker: published again

@@ -51,6 +51,13 @@ def celery_config(s: Settings) -> dict[str, Any]:
         "broker_url": s.broker_url,
         "broker_transport_options": transport,
         "broker_connection_retry_on_startup": True,
+        # A worker keeps reconnecting through a broker outage of any length (Celery's default
+        # gives up after 100 tries and exits); `genqueue worker` restarts it if it exits anyway.
+        "broker_connection_max_retries": None,
+        # On a connection loss, tasks already running finish and commit; their acks are lost
+        # and the redelivered copies are no-ops (stages are idempotent). Cancelling them
+        # instead would throw away work. Said explicitly: Celery 6 changes the default.
+        "worker_cancel_long_running_tasks_on_connection_loss": False,
         "broker_connection_timeout": 3,
         "broker_heartbeat": 30 if amqp else None,
         "task_ignore_result": True,  # outputs live in the database, not a result backend

@@ -71,18 +71,31 @@ class Worker:
         name: str = "w",
         pool: str = "prefork",
         concurrency: int = 1,
+        gossip: bool = False,
+        supervised: bool = False,
     ) -> None:
         self.env, self.queues, self.pool, self.concurrency = env, queues, pool, concurrency
+        # The Procfile's workers run with gossip and mingle (their own broker consumers and
+        # timers); most tests leave them out to start faster.
+        self.gossip = gossip
+        # `genqueue worker ...` (app.supervise) as the Procfile runs it: self.pid is the
+        # supervisor, its child the Celery worker, restarted when it exits unexpectedly.
+        self.supervised = supervised
         self.name = f"{name}-{uuid.uuid4().hex[:6]}"
         self.log = Path(log_dir) / f"{self.name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 90) -> Worker:
-        cmd = [
-            sys.executable, "-m", "celery", "-A", "tasks.worker", "worker", "-Q", self.queues,
-            "-P", self.pool, "-c", str(self.concurrency), "-n", f"{self.name}@%h", "-l", "INFO",
-            "--without-gossip", "--without-mingle",
+        args = [
+            "-Q", self.queues, "-P", self.pool, "-c", str(self.concurrency), "-n", f"{self.name}@%h",
+            "-l", "INFO",
         ]  # fmt: skip
+        if not self.gossip:
+            args += ["--without-gossip", "--without-mingle"]
+        if self.supervised:
+            cmd = [sys.executable, "-m", "app.cli", "worker", *args]
+        else:
+            cmd = [sys.executable, "-m", "celery", "-A", "tasks.worker", "worker", *args]
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT)
         wait_for(self._ready, timeout, 0.2, f"worker {self.name} to start (log {self.log})")
@@ -104,6 +117,22 @@ class Worker:
 
     def pool_children(self) -> list[psutil.Process]:
         return psutil.Process(self.pid).children()
+
+    def alive(self) -> bool:
+        """The worker process (supervised: the supervisor and a Celery child) is running."""
+        if self.proc is None or self.proc.poll() is not None:
+            return False
+        if not self.supervised:
+            return True
+        return any(p.status() != psutil.STATUS_ZOMBIE for p in self.pool_children())
+
+    def restarts(self) -> int:
+        """How many times the supervisor restarted the Celery worker (app.supervise's log line)."""
+        return self.log_text().count("worker exited with status")
+
+    def crashes(self) -> int:
+        """Celery's own `Unrecoverable error` lines: exits that supervision had to catch."""
+        return self.log_text().count("Unrecoverable error")
 
     def kill(self) -> None:
         """SIGKILL the worker and its pool children at once: nothing gets to ack or restore."""
@@ -240,6 +269,82 @@ class RabbitVhost:
 
     def delete(self) -> None:
         subprocess.run(["rabbitmqctl", "delete_vhost", self.name], capture_output=True, timeout=60)
+
+
+class RabbitNode:
+    """A private RabbitMQ node (own node name, AMQP and distribution ports, data dir) to restart.
+
+    The machine's shared node (rabbit@localhost, 5672) is never touched: this one reads its own
+    config file (the shared one binds 5672) and enables no plugins (management would bind 15672).
+    """
+
+    SERVER = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
+
+    def __init__(self, workdir: Path) -> None:
+        self.port, self.dist_port = free_port(), free_port()
+        self.dir = Path(workdir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.node = f"gq{os.getpid()}x{uuid.uuid4().hex[:6]}@localhost"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @classmethod
+    def available(cls) -> bool:
+        return cls.SERVER.exists()
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port}//"
+
+    def _env(self) -> dict[str, str]:
+        (self.dir / "node.conf").write_text(f"listeners.tcp.local = 127.0.0.1:{self.port}\n")
+        (self.dir / "plugins").write_text("[].\n")
+        return os.environ | {
+            "RABBITMQ_NODENAME": self.node,
+            "RABBITMQ_NODE_PORT": str(self.port),
+            "RABBITMQ_DIST_PORT": str(self.dist_port),
+            "RABBITMQ_MNESIA_BASE": str(self.dir / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(self.dir / "log"),
+            "RABBITMQ_PID_FILE": str(self.dir / "pid"),
+            "RABBITMQ_CONFIG_FILE": str(self.dir / "node.conf"),
+            "RABBITMQ_ADVANCED_CONFIG_FILE": str(self.dir / "advanced.config"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(self.dir / "plugins"),
+            "RABBITMQ_CONF_ENV_FILE": "/dev/null",  # the shared node's env file names its node
+        }
+
+    def start(self, timeout: float = 120) -> RabbitNode:
+        with open(self.dir / "server.log", "ab") as out:
+            self.proc = subprocess.Popen(
+                [str(self.SERVER)], env=self._env(), stdout=out, stderr=subprocess.STDOUT
+            )
+        from kombu import Connection
+
+        def up() -> bool:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(f"rabbitmq-server exited: see {self.dir / 'server.log'}")
+            try:
+                with Connection(self.url, connect_timeout=1) as conn:
+                    conn.connect()
+                return True
+            except Exception:
+                return False
+
+        wait_for(up, timeout, 0.5, "the private RabbitMQ node to start")
+        return self
+
+    def stop(self) -> None:
+        """SIGTERM to the node's VM (a clean stop: durable queues and messages kept)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        pid_file = self.dir / "pid"
+        if pid_file.exists() and pid_file.read_text().strip():
+            try:
+                os.kill(int(pid_file.read_text().strip()), signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        else:
+            self.proc.terminate()
+        self.proc.wait(timeout=60)
 
 
 def rabbitmq_available() -> bool:
