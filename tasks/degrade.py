@@ -9,13 +9,12 @@ from typing import Any
 from models import Job
 from models.settings import Settings
 from tasks.generators.base import VideoRequest
-
-SIDE_MULTIPLE = 16  # every bundled video adapter wants sides in multiples of 16
-MIN_SIDE = 16
+from tasks.generators.registry import side_multiple
 
 
-def _side(value: int, factor: float) -> int:
-    return max(MIN_SIDE, int(value * factor) // SIDE_MULTIPLE * SIDE_MULTIPLE)
+def _side(value: int, factor: float, multiple: int) -> int:
+    """`value` scaled down to a side the model accepts: a multiple of its grid, at least one cell."""
+    return max(multiple, int(value * factor) // multiple * multiple)
 
 
 def plan(job: Job, request: VideoRequest, settings: Settings, reason: str) -> dict[str, Any] | None:
@@ -23,12 +22,13 @@ def plan(job: Job, request: VideoRequest, settings: Settings, reason: str) -> di
     if not (job.params or {}).get("allow_degraded") or job.degraded:
         return None
     before = {"width": request.width, "height": request.height, "steps": request.steps}
+    model = settings.degraded_video_model or settings.video_model
+    multiple = side_multiple(model)  # the retry's size must suit the model that will run it
     after = {
-        "width": _side(request.width, settings.degrade_size_factor),
-        "height": _side(request.height, settings.degrade_size_factor),
+        "width": _side(request.width, settings.degrade_size_factor, multiple),
+        "height": _side(request.height, settings.degrade_size_factor, multiple),
         "steps": max(1, math.ceil(request.steps * settings.degrade_steps_factor)),
     }
-    model = settings.degraded_video_model or settings.video_model
     if after == before and model == settings.video_model:
         return None  # nothing cheaper to try
     return {

@@ -14,7 +14,14 @@ from celery.exceptions import SoftTimeLimitExceeded
 from models import Job
 from models.db import transaction
 from tasks.batching import Item, MicroBatcher
-from tasks.generators.base import InvalidRequest, TextRequest, TextResult, TransientGeneratorError
+from tasks.generators.base import (
+    InvalidRequest,
+    TextGenerator,
+    TextRequest,
+    TextResult,
+    TransientGeneratorError,
+    VideoGenerator,
+)
 from tasks.publish import publish_job
 from tests.support.procs import wait_for
 
@@ -172,28 +179,24 @@ def test_requests_of_different_shapes_are_not_mixed() -> None:
 # --- through a real worker ----------------------------------------------------------------------
 
 
-class RecordingText:
-    """A text adapter that records every generate() call; markers as in the echo adapter."""
+class RecordingText(TextGenerator):
+    """A text adapter that records every batch it runs; markers as in the echo adapter."""
 
     name = "recording"
     version = "recording@1"
-    device = "cpu"
     calls: ClassVar[list[list[str]]] = []
 
-    def load(self) -> None:
-        pass
+    def check_inputs(self, request: TextRequest) -> None:
+        super().check_inputs(request)
+        if "[[fail]]" in request.prompt:
+            raise InvalidRequest("bad prompt")
 
-    def generate(self, requests: Sequence[TextRequest], should_cancel: Any = None) -> list[TextResult]:
+    def run_batch(self, requests: Sequence[TextRequest], should_cancel: Any = None) -> list[TextResult]:
         RecordingText.calls.append([r.prompt for r in requests])
         time.sleep(0.2)  # long enough for the next tasks to pile up behind a running batch
         if any("[[transient]]" in r.prompt for r in requests):
             raise TransientGeneratorError("transient")
-        return [
-            TextResult("", 0, 0.0, error=InvalidRequest("bad prompt"))
-            if "[[fail]]" in r.prompt
-            else TextResult(f"Shot: {r.prompt}", 2, 0.2)
-            for r in requests
-        ]
+        return [TextResult(f"Shot: {r.prompt}", 2, 0.2) for r in requests]
 
 
 @pytest.fixture
@@ -271,19 +274,15 @@ def test_worker_batches_concurrent_jobs_and_isolates_failures(batching_worker, s
     assert max(len(c) for c in RecordingText.calls) >= 4, RecordingText.calls  # grouped, not one by one
 
 
-class RecordingVideo:
+class RecordingVideo(VideoGenerator):
     """A video adapter that records each call's prompts and reports every step of every request."""
 
     name = "recording"
     version = "recording@1"
-    device = "cpu"
     calls: ClassVar[list[list[str]]] = []
     steps: ClassVar[list[tuple[int, int]]] = []
 
-    def load(self) -> None:
-        pass
-
-    def generate(self, requests: Sequence[Any], on_step: Any = None, should_cancel: Any = None) -> list[Any]:
+    def run_batch(self, requests: Sequence[Any], on_step: Any = None, should_cancel: Any = None) -> list[Any]:
         import numpy as np
 
         from tasks.generators.base import VideoResult

@@ -14,12 +14,17 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from models import Job, catalog
+from models.settings import Settings
+from tasks import degrade
 from tasks.generators import registry
 from tasks.generators.base import (
     Canceled,
     InvalidRequest,
     OutOfMemory,
+    TextGenerator,
     TextRequest,
+    TextResult,
     TransientGeneratorError,
     VideoRequest,
 )
@@ -71,11 +76,122 @@ def test_get_generator_loads_once() -> None:
 
 def test_light_modules_do_not_import_torch() -> None:
     code = (
-        "import sys, tasks.generators, tasks.generators.registry, tasks.generators.echo, tasks.media; "
+        "import sys, tasks.generators, tasks.generators.base, tasks.generators.registry, "
+        "tasks.generators.echo, tasks.degrade, tasks.media; "
         "assert 'torch' not in sys.modules, 'torch imported'"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, env=env)
+
+
+def test_the_catalog_serves_models_without_importing_tasks() -> None:
+    """The cache key (models/cache.py) reads model knowledge from models.catalog: no upward import."""
+    code = (
+        "import sys, models.catalog, models.cache; "
+        "up = sorted(m for m in sys.modules if m == 'tasks' or m.startswith('tasks.')); "
+        "assert not up, up"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, env=env)
+
+
+class NotAnAdapter:
+    """Has load() and generate() but not the contract's base class (nor its checks)."""
+
+    def load(self) -> None:
+        pass
+
+    def generate(self, requests: object, should_cancel: object = None) -> list[object]:
+        return []
+
+
+def test_registry_refuses_a_class_outside_the_stage_contract() -> None:
+    with pytest.raises(TypeError, match="not a TextGenerator"):
+        registry._resolve("text", f"{__name__}:NotAnAdapter")
+    with pytest.raises(TypeError, match="not a VideoGenerator"):
+        registry._resolve("video", "tasks.generators.echo:EchoTextGenerator")
+    with pytest.raises(ValueError, match="unknown stage"):
+        registry._resolve("audio", "echo")
+
+
+def test_the_catalog_side_multiple_is_the_adapters_own() -> None:
+    """models.catalog states each built-in video model's grid; the adapter's check_inputs enforces it."""
+    for known in (e for e in catalog.BUILTIN if e.stage == "video"):
+        if known.name == "wan-tiny" and not importlib.util.find_spec("diffusers"):
+            continue
+        gen = registry.get_generator("video", known.name)
+        assert gen.spatial_multiple == known.side_multiple == registry.side_multiple(known.name), known
+        side = known.side_multiple or 0
+        on_grid = gen.generate([VideoRequest("x", width=side, height=side, num_frames=1, steps=1)])
+        assert on_grid[0].error is None, known
+        off_grid = gen.generate([VideoRequest("x", width=side + side // 2, height=side, num_frames=1)])
+        assert isinstance(off_grid[0].error, InvalidRequest), known
+
+
+class Grid32Video(EchoVideoGenerator):
+    """An echo video model on a 32-pixel grid, as a model with a 16x VAE and 2x2 patches would be."""
+
+    spatial_multiple = 32
+
+
+def test_a_degraded_size_suits_the_model_that_will_run_it() -> None:
+    registry.register("video", "grid32", f"{__name__}:Grid32Video")
+    registry.get_generator("video", "grid32")  # loaded: the registry asks the adapter, not a constant
+    job = Job(modality="video", prompt="x", params={"allow_degraded": True})
+    request = VideoRequest("x", width=96, height=160, steps=4)
+    for model, multiple, width, height in (("echo", 16, 48, 80), ("grid32", 32, 32, 64)):
+        settings = Settings(video_model="echo", degraded_video_model=model, degrade_size_factor=0.5)
+        record = degrade.plan(job, request, settings, "out_of_memory")
+        assert record is not None
+        assert record["to"] == {"width": width, "height": height, "steps": 2, "model": model}
+        assert width % multiple == 0 and height % multiple == 0
+
+
+# -- the adapter contract (tasks/generators/base.py) --------------------------------------------
+class Doubling(TextGenerator):
+    """The smallest text adapter: implements run_batch only, and records the batches it is given."""
+
+    name = "doubling"
+
+    def __init__(self, results_per_batch: int | None = None) -> None:
+        self.batches: list[list[str]] = []
+        self.results_per_batch = results_per_batch
+
+    def run_batch(self, requests, should_cancel=None) -> list[TextResult]:
+        self.batches.append([r.prompt for r in requests])
+        out = [TextResult(r.prompt * 2, 1, 0.0) for r in requests]
+        return out[: self.results_per_batch]
+
+
+def test_the_contract_checks_each_request_and_runs_the_valid_ones_in_one_call() -> None:
+    gen = Doubling()
+    reqs = [
+        TextRequest("a"),
+        TextRequest("   "),
+        TextRequest("b", max_new_tokens=0),
+        TextRequest("c", temperature=float("nan")),
+        TextRequest("d", max_new_tokens=gen.max_new_tokens_limit + 1),
+        TextRequest("e"),
+    ]
+    out = gen.generate(reqs)
+    assert [r.text for r in out] == ["aa", "", "", "", "", "ee"]
+    assert [r.error is None for r in out] == [True, False, False, False, False, True]
+    assert all(isinstance(r.error, InvalidRequest) for r in out[1:5])
+    assert "max_new_tokens" in str(out[2].error) and "temperature" in str(out[3].error)
+    assert gen.batches == [["a", "e"]]  # one call, refused requests never reach the model
+    assert isinstance(gen.generate([TextRequest("")])[0].error, InvalidRequest)
+    assert gen.batches == [["a", "e"]]  # nothing valid: no call at all
+    with pytest.raises(ValueError):  # an adapter that loses a result is a bug, not a short answer
+        Doubling(results_per_batch=1).generate([TextRequest("a"), TextRequest("b")])
+
+
+def test_the_contract_refuses_to_generate_before_load() -> None:
+    class Unloaded(Doubling):
+        def ready(self) -> bool:
+            return False
+
+    with pytest.raises(RuntimeError, match="load"):
+        Unloaded().generate([TextRequest("a")])
 
 
 # -- echo ----------------------------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 The web rebuilds SmolLM2's tokenizer from the GGUF with `tokenizers` and renders its chat template
 with jinja2 (tasks.generators.prompt_limit); the slow test holds those counts to the worker's own
-(transformers' tokenizer and CausalLMGenerator._check) on generated prompts and at the boundary.
+(transformers' tokenizer and CausalLMGenerator.prompt_ids) on generated prompts and at the boundary.
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ def test_models_without_a_known_tokenizer_are_not_checked(tmp_path):
 
 @pytest.fixture(scope="module")
 def worker_check(model_cache):
-    """CausalLMGenerator._check with SmolLM2's real tokenizer (transformers, from the GGUF)."""
+    """CausalLMGenerator.prompt_ids with SmolLM2's real tokenizer (transformers, from the GGUF)."""
     from transformers import AutoTokenizer
 
     from tasks.generators.smollm2 import SmolLM2Generator
@@ -141,7 +141,7 @@ def worker_check(model_cache):
     gen.tokenizer = AutoTokenizer.from_pretrained(
         str(Path(path).parent), gguf_file=Path(path).name, local_files_only=True
     )
-    return gen._check
+    return gen.prompt_ids
 
 
 # Any storable text, with the pieces where a rebuilt tokenizer would differ first: special

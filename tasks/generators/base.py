@@ -1,10 +1,19 @@
-"""Adapter interface and typed requests/results shared by every model adapter."""
+"""The adapter contract: typed requests/results, errors, and the validate-run-collect loop every model shares.
+
+An adapter is one class: `load()` once per process, then `generate()` many times. `generate()` is
+written here, not in each adapter: it runs `check_inputs()` on every request, turns a refusal into
+that request's own failed result, hands the valid rest to the adapter's `run_batch()` and puts the
+results back in request order. Adapters (and the test doubles) implement `check_inputs` (extending
+the rules below) and `run_batch`; nothing here imports torch.
+"""
 
 from __future__ import annotations
 
+import math
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 
@@ -69,6 +78,9 @@ class VideoRequest:
     guidance_scale: float = 1.0
 
 
+EMPTY_FRAMES = np.zeros((0, 0, 0, 3), dtype=np.uint8)
+
+
 @dataclass(frozen=True)
 class VideoResult:
     frames: np.ndarray  # uint8, shape (num_frames, height, width, 3)
@@ -82,29 +94,159 @@ class VideoResult:
 StepCallback = Callable[[int, int, int], None]
 CancelCheck = Callable[[], bool]
 
+Req = TypeVar("Req", TextRequest, VideoRequest)
+Res = TypeVar("Res", TextResult, VideoResult)
 
-class TextGenerator(Protocol):
-    name: str
-    version: str
-    device: str
 
-    def load(self) -> None: ...
+def check_prompt(prompt: object) -> None:
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise InvalidRequest("prompt is empty")
+
+
+def collect(
+    requests: Sequence[Req],
+    check: Callable[[Req], None],
+    failed: Callable[[Req, InvalidRequest], Res],
+    run: Callable[[list[int]], Sequence[Res]],
+) -> list[Res]:
+    """Check each request, run the valid ones (by index) in one call, and return results in order.
+
+    An InvalidRequest concerns one request and becomes its result; anything `run` raises concerns
+    the whole call (out of memory, cancel, a transient failure) and propagates.
+    """
+    results: list[Res | None] = [None] * len(requests)
+    valid: list[int] = []
+    for idx, req in enumerate(requests):
+        try:
+            check(req)
+        except InvalidRequest as exc:
+            results[idx] = failed(req, exc)
+            continue
+        valid.append(idx)
+    if valid:
+        done = run(valid)
+        for idx, res in zip(valid, done, strict=True):  # an adapter that drops a result is a bug
+            results[idx] = res
+    return [r for r in results if r is not None]
+
+
+class Generator(ABC):
+    """What every adapter has: a name and version (they key the result cache), a device, a lifecycle."""
+
+    stage: ClassVar[str]
+    name: str = ""
+    version: str = ""
+    device: str = "cpu"
+
+    def load(self) -> None:  # noqa: B027  optional: an adapter without weights has nothing to load
+        """Load weights and warm up; called once per process before the first generate()."""
+
+    def ready(self) -> bool:
+        """False until load() has run, for adapters that cannot generate before it."""
+        return True
+
+    def _require_ready(self) -> None:
+        if not self.ready():
+            raise RuntimeError("load() must be called before generate()")
+
+
+class TextGenerator(Generator):
+    """A text model: expands a user's idea into a shot description."""
+
+    stage: ClassVar[str] = "text"
+    max_new_tokens_limit = 1024
+
+    def check_inputs(self, request: TextRequest) -> None:
+        """Raise InvalidRequest, with a message the API can show as-is, for a request this model refuses."""
+        check_prompt(request.prompt)
+        if not 1 <= request.max_new_tokens <= self.max_new_tokens_limit:
+            raise InvalidRequest(f"max_new_tokens must be between 1 and {self.max_new_tokens_limit}")
+        if not (request.temperature >= 0 and math.isfinite(request.temperature)):
+            raise InvalidRequest("temperature must be a finite number >= 0")
+
+    @abstractmethod
+    def run_batch(
+        self, requests: Sequence[TextRequest], should_cancel: CancelCheck | None = None
+    ) -> list[TextResult]:
+        """One result per (already checked) request, in order; raises for whole-call failures."""
 
     def generate(
         self, requests: Sequence[TextRequest], should_cancel: CancelCheck | None = None
-    ) -> list[TextResult]: ...
+    ) -> list[TextResult]:
+        """One result per request, in order; a refused request fails alone (its result's `error`)."""
+        self._require_ready()
+
+        def run(valid: list[int]) -> list[TextResult]:
+            return self.run_batch([requests[i] for i in valid], should_cancel)
+
+        return collect(requests, self.check_inputs, _failed_text, run)
 
 
-class VideoGenerator(Protocol):
-    name: str
-    version: str
-    device: str
+class VideoGenerator(Generator):
+    """A text-to-video model. Sizes follow the model's latent grid: sides are multiples of
+    `spatial_multiple` and num_frames is `temporal_multiple`*k+1 (an adapter may learn them in load())."""
 
-    def load(self) -> None: ...
+    stage: ClassVar[str] = "video"
+    spatial_multiple = 16
+    temporal_multiple = 4
+    max_side = 2048
+    max_frames = 257
+    max_steps = 200
+
+    def check_inputs(self, request: VideoRequest) -> None:
+        """Raise InvalidRequest, with a message the API can show as-is, for a request this model refuses."""
+        check_prompt(request.prompt)
+        multiple, frame_step = self.spatial_multiple, self.temporal_multiple
+        for side, value in (("width", request.width), ("height", request.height)):
+            if value <= 0 or value % multiple or value > self.max_side:
+                raise InvalidRequest(
+                    f"{side} must be a positive multiple of {multiple} up to {self.max_side}, got {value}"
+                )
+        frames = request.num_frames
+        if frames < 1 or (frames - 1) % frame_step or frames > self.max_frames:
+            raise InvalidRequest(
+                f"num_frames must be {frame_step}*k+1 (e.g. {frame_step * 4 + 1}) up to {self.max_frames},"
+                f" got {frames}"
+            )
+        if not 1 <= request.steps <= self.max_steps:
+            raise InvalidRequest(f"steps must be between 1 and {self.max_steps}, got {request.steps}")
+        if request.fps < 1:
+            raise InvalidRequest(f"fps must be >= 1, got {request.fps}")
+        if not (request.guidance_scale >= 0 and math.isfinite(request.guidance_scale)):
+            raise InvalidRequest("guidance_scale must be a finite number >= 0")
+
+    @abstractmethod
+    def run_batch(
+        self,
+        requests: Sequence[VideoRequest],
+        on_step: StepCallback | None = None,
+        should_cancel: CancelCheck | None = None,
+    ) -> list[VideoResult]:
+        """One result per (already checked) request, in order; on_step's index is into `requests`."""
 
     def generate(
         self,
         requests: Sequence[VideoRequest],
         on_step: StepCallback | None = None,
         should_cancel: CancelCheck | None = None,
-    ) -> list[VideoResult]: ...
+    ) -> list[VideoResult]:
+        """One result per request, in order; a refused request fails alone (its result's `error`).
+
+        on_step(index, step, total) reports progress with `index` into `requests`, step in 1..total.
+        """
+        self._require_ready()
+
+        def run(valid: list[int]) -> list[VideoResult]:
+            # run_batch numbers the valid requests from 0; the caller knows them by their place here.
+            step = None if on_step is None else (lambda i, s, t: on_step(valid[i], s, t))
+            return self.run_batch([requests[i] for i in valid], step, should_cancel)
+
+        return collect(requests, self.check_inputs, _failed_video, run)
+
+
+def _failed_text(request: TextRequest, error: InvalidRequest) -> TextResult:
+    return TextResult(text="", tokens=0, seconds=0.0, error=error)
+
+
+def _failed_video(request: VideoRequest, error: InvalidRequest) -> VideoResult:
+    return VideoResult(frames=EMPTY_FRAMES, fps=request.fps, seconds=0.0, error=error)

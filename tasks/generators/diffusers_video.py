@@ -16,17 +16,14 @@ from diffusers import DiffusionPipeline
 from tasks.generators.base import (
     CancelCheck,
     Canceled,
-    InvalidRequest,
     StepCallback,
+    VideoGenerator,
     VideoRequest,
     VideoResult,
 )
 from tasks.generators.device import dir_version, map_oom, pick_device
-from tasks.generators.echo import check_video_request
 
 log = logging.getLogger(__name__)
-
-EMPTY = np.zeros((0, 0, 0, 3), dtype=np.uint8)
 
 
 def to_uint8_frames(video: Any) -> np.ndarray:
@@ -43,13 +40,14 @@ def to_uint8_frames(video: Any) -> np.ndarray:
     return np.ascontiguousarray(arr)
 
 
-class DiffusersVideoGenerator:
-    """Any local diffusers text-to-video pipeline; same-shaped requests share one batched call."""
+class DiffusersVideoGenerator(VideoGenerator):
+    """Any local diffusers text-to-video pipeline; same-shaped requests share one batched call.
+
+    Size rules are the base class's, with `spatial_multiple`/`temporal_multiple` read from the
+    pipeline in load() (VAE scale times patch size), so check_inputs matches the loaded model.
+    """
 
     max_batch = 4  # prompts per pipeline call; bigger batches buy little once the GPU is busy
-    max_side = 2048
-    max_frames = 257
-    max_steps = 200
 
     def __init__(self, path: str | None = None):
         self.path = path
@@ -57,8 +55,6 @@ class DiffusersVideoGenerator:
         self.version = dir_version(path, "model_index.json") if path else self.name
         self.device, self.dtype = pick_device()
         self.pipe: Any = None
-        self.spatial_multiple = 16
-        self.temporal_multiple = 4
 
     # -- loading ---------------------------------------------------------------------------------
     def _build_pipeline(self) -> Any:
@@ -88,7 +84,8 @@ class DiffusersVideoGenerator:
     @staticmethod
     def _constraints(pipe: Any) -> tuple[int, int]:
         """(width/height multiple, frame-count step): VAE downscale times the transformer patch size."""
-        spatial = getattr(pipe, "vae_scale_factor_spatial", None) or getattr(pipe, "vae_scale_factor", 8)
+        vae_scale = getattr(pipe, "vae_scale_factor_spatial", None) or getattr(pipe, "vae_scale_factor", None)
+        spatial = int(vae_scale or 8)
         patch = getattr(getattr(getattr(pipe, "transformer", None), "config", None), "patch_size", None)
         if isinstance(patch, list | tuple) and len(patch) == 3:
             spatial *= int(patch[1])  # (t, h, w) patches, e.g. Wan's (1, 2, 2)
@@ -98,19 +95,16 @@ class DiffusersVideoGenerator:
         return int(spatial), temporal
 
     # -- generation ------------------------------------------------------------------------------
-    def validate(self, req: VideoRequest) -> None:
-        """Raise InvalidRequest with a message the API can show as-is."""
-        check_video_request(
-            req, self.spatial_multiple, self.temporal_multiple, self.max_side, self.max_frames, self.max_steps
-        )
+    def ready(self) -> bool:
+        return self.pipe is not None
 
-    def generate(
+    def run_batch(
         self,
         requests: Sequence[VideoRequest],
         on_step: StepCallback | None = None,
         should_cancel: CancelCheck | None = None,
     ) -> list[VideoResult]:
-        """Invalid requests fail alone; valid ones of the same shape run as one batched call.
+        """Checked requests of the same shape run as one batched call (up to max_batch prompts).
 
         on_step(index, step, total) is called after every denoising step with step in 1..total.
         A cancel raises base.Canceled for the whole call; OOM raises base.OutOfMemory.
@@ -118,16 +112,9 @@ class DiffusersVideoGenerator:
         one up to rounding in float32 (CPU); in bf16 on CUDA batched kernels round differently and
         the frames can visibly differ, so reproducing a video exactly means the same batch shape.
         """
-        if self.pipe is None:
-            raise RuntimeError("load() must be called before generate()")
         results: list[VideoResult | None] = [None] * len(requests)
         groups: dict[tuple[Any, ...], list[int]] = {}
         for idx, req in enumerate(requests):
-            try:
-                self.validate(req)
-            except InvalidRequest as exc:
-                results[idx] = VideoResult(frames=EMPTY, fps=req.fps, seconds=0.0, error=exc)
-                continue
             key = (req.width, req.height, req.num_frames, req.steps, req.guidance_scale)
             groups.setdefault(key, []).append(idx)
         for indices in groups.values():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -21,7 +22,14 @@ from transformers import (
     StoppingCriteriaList,
 )
 
-from tasks.generators.base import CancelCheck, Canceled, InvalidRequest, TextRequest, TextResult
+from tasks.generators.base import (
+    CancelCheck,
+    Canceled,
+    InvalidRequest,
+    TextGenerator,
+    TextRequest,
+    TextResult,
+)
 from tasks.generators.device import dir_version, map_oom, pick_device
 
 # The limit and the system prompt are shared with the API, which checks prompts at submit.
@@ -81,11 +89,10 @@ class CancelCriteria(StoppingCriteria):
         return torch.full((input_ids.shape[0],), self.canceled, dtype=torch.bool, device=input_ids.device)
 
 
-class CausalLMGenerator:
+class CausalLMGenerator(TextGenerator):
     """Any local transformers causal LM, used to expand a user's idea into a shot description."""
 
     system_prompt = SYSTEM_PROMPT
-    max_new_tokens_limit = 1024
     max_prompt_tokens = MAX_PROMPT_TOKENS
     cancel_check_interval_s = 0.2
 
@@ -97,6 +104,8 @@ class CausalLMGenerator:
         self.model: Any = None
         self.tokenizer: Any = None
         self._eos_ids: list[int] = []
+        # check_inputs tokenizes to count; run_batch needs the same ids a moment later.
+        self._encode = functools.lru_cache(maxsize=64)(self._encode_uncached)
 
     # -- loading ---------------------------------------------------------------------------------
     def _load_model_and_tokenizer(self) -> tuple[Any, Any]:
@@ -133,45 +142,32 @@ class CausalLMGenerator:
             merged = [{"role": "user", "content": f"{self.system_prompt}\n\n{prompt}"}]
             return tok.apply_chat_template(merged, tokenize=False, add_generation_prompt=True), False
 
-    def _check(self, req: TextRequest) -> list[int]:
+    def _encode_uncached(self, prompt: str) -> tuple[int, ...]:
+        text, special = self._render(prompt.strip())
+        return tuple(self.tokenizer(text, add_special_tokens=special)["input_ids"])
+
+    def prompt_ids(self, req: TextRequest) -> list[int]:
         """Token ids of the rendered prompt; raises InvalidRequest for requests we will not run."""
-        if not isinstance(req.prompt, str) or not req.prompt.strip():
-            raise InvalidRequest("prompt is empty")
-        if not 1 <= req.max_new_tokens <= self.max_new_tokens_limit:
-            raise InvalidRequest(f"max_new_tokens must be between 1 and {self.max_new_tokens_limit}")
-        if not (req.temperature >= 0 and math.isfinite(req.temperature)):
-            raise InvalidRequest("temperature must be a finite number >= 0")
-        text, special = self._render(req.prompt.strip())
-        ids = self.tokenizer(text, add_special_tokens=special)["input_ids"]
+        super().check_inputs(req)  # prompt, max_new_tokens, temperature
+        ids = self._encode(req.prompt)
         if len(ids) > self.max_prompt_tokens:
             raise InvalidRequest(f"prompt is {len(ids)} tokens; the limit is {self.max_prompt_tokens}")
-        return ids
+        return list(ids)
 
-    def generate(
+    def check_inputs(self, request: TextRequest) -> None:
+        self.prompt_ids(request)
+
+    def ready(self) -> bool:
+        return self.model is not None
+
+    def run_batch(
         self, requests: Sequence[TextRequest], should_cancel: CancelCheck | None = None
     ) -> list[TextResult]:
-        """Run every valid request in one left-padded generate() call; invalid ones fail alone.
+        """Run the checked requests in one left-padded generate() call.
 
         Each result's `seconds` is the wall time of the shared batched call.
         """
-        if self.model is None:
-            raise RuntimeError("load() must be called before generate()")
-        results: list[TextResult | None] = [None] * len(requests)
-        rows: list[tuple[int, TextRequest, list[int]]] = []
-        for idx, req in enumerate(requests):
-            try:
-                rows.append((idx, req, self._check(req)))
-            except InvalidRequest as exc:
-                results[idx] = TextResult(text="", tokens=0, seconds=0.0, error=exc)
-        if rows:
-            done = self._run_batch([(r, ids) for _, r, ids in rows], should_cancel)
-            for (idx, _, _), res in zip(rows, done, strict=True):
-                results[idx] = res
-        return [r for r in results if r is not None]
-
-    def _run_batch(
-        self, rows: Sequence[tuple[TextRequest, list[int]]], should_cancel: CancelCheck | None
-    ) -> list[TextResult]:
+        rows = [(req, self.prompt_ids(req)) for req in requests]
         tok, started = self.tokenizer, time.perf_counter()
         batch = tok.pad({"input_ids": [ids for _, ids in rows]}, padding=True, return_tensors="pt")
         input_ids = batch["input_ids"].to(self.device)

@@ -10,51 +10,70 @@ import os
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Literal, overload
+
+from models import catalog
+from tasks.generators.base import Generator, TextGenerator, VideoGenerator
 
 log = logging.getLogger(__name__)
 
-# name -> "module:Class"; the module is imported only when that model is asked for, so the
-# web process and zero-cost test workers never import torch.
-_TEXT: dict[str, str] = {
-    "smollm2": "tasks.generators.smollm2:SmolLM2Generator",
-    "echo": "tasks.generators.echo:EchoTextGenerator",
-}
-_VIDEO: dict[str, str] = {
-    "wan-tiny": "tasks.generators.wan:TinyWanGenerator",
-    "echo": "tasks.generators.echo:EchoVideoGenerator",
-}
-# A local directory selects the generic adapter of its kind.
-_TEXT_DIR = "tasks.generators.hf_causal:CausalLMGenerator"
-_VIDEO_DIR = "tasks.generators.diffusers_video:DiffusersVideoGenerator"
+# The contract each stage's adapters implement; get_generator checks it, so a wrong class fails at
+# load with a clear message instead of mid-job with an AttributeError.
+_BASES: dict[str, type[Generator]] = {"text": TextGenerator, "video": VideoGenerator}
 
-_loaded: dict[tuple[str, str, str], Any] = {}
+# Names registered at run time (plugins, tests) on top of models.catalog's built-ins.
+_extra: dict[tuple[str, str], str] = {}
+
+_loaded: dict[tuple[str, str, str], Generator] = {}
 _lock = threading.Lock()
 
 
 def register(kind: str, name: str, target: str) -> None:
     """Register an adapter class ("module:Class") under a name for `kind` text|video."""
-    (_TEXT if kind == "text" else _VIDEO)[name] = target
+    _base(kind)
+    _extra[(kind, name)] = target
 
 
-def _resolve(kind: str, spec: str, dtype: str = "auto") -> Callable[..., Any]:
-    table, dir_target = (_TEXT, _TEXT_DIR) if kind == "text" else (_VIDEO, _VIDEO_DIR)
-    if spec in table:
-        target, args = table[spec], ()
-    elif os.path.isdir(spec):
-        target, args = dir_target, (spec,)
-    elif ":" in spec and not os.path.exists(spec):
-        target, args = spec, ()
-    else:
-        raise ValueError(f"unknown {kind} model {spec!r}: not a registered name or a local directory")
+def _base(kind: str) -> type[Generator]:
+    try:
+        return _BASES[kind]
+    except KeyError:
+        raise ValueError(f"unknown stage {kind!r}; expected one of {', '.join(_BASES)}") from None
+
+
+def _target(kind: str, spec: str) -> tuple[str, tuple[str, ...]]:
+    """("module:Class", constructor args) for `spec`: a registered name, a folder or a "module:Class"."""
+    if (kind, spec) in _extra:
+        return _extra[(kind, spec)], ()
+    known = catalog.entry(kind, spec)
+    if known is not None:
+        return known.adapter, ()
+    if os.path.isdir(spec):
+        return catalog.FOLDER_ADAPTERS[kind], (spec,)
+    if ":" in spec and not os.path.exists(spec):
+        return spec, ()
+    raise ValueError(f"unknown {kind} model {spec!r}: not a registered name or a local directory")
+
+
+def _resolve(kind: str, spec: str, dtype: str = "auto") -> Callable[[], Generator]:
+    base = _base(kind)
+    target, args = _target(kind, spec)
     module, _, attr = target.partition(":")
     cls = getattr(importlib.import_module(module), attr)
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise TypeError(f"{target} is not a {base.__name__} (tasks/generators/base.py): cannot serve {kind}")
     # Only torch adapters take a dtype; echo and custom adapters need not know about it.
     kwargs = {"dtype": dtype} if dtype != "auto" and "dtype" in inspect.signature(cls).parameters else {}
     return lambda: cls(*args, **kwargs)
 
 
-def get_generator(kind: str, spec: str, dtype: str = "auto") -> Any:
+@overload
+def get_generator(kind: Literal["text"], spec: str, dtype: str = ...) -> TextGenerator: ...
+@overload
+def get_generator(kind: Literal["video"], spec: str, dtype: str = ...) -> VideoGenerator: ...
+@overload
+def get_generator(kind: str, spec: str, dtype: str = ...) -> TextGenerator | VideoGenerator: ...
+def get_generator(kind: str, spec: str, dtype: str = "auto") -> Generator:
     """Return the process-wide loaded adapter for (kind, spec, dtype), loading and warming it once."""
     key = (kind, spec, dtype)
     with _lock:
@@ -64,13 +83,22 @@ def get_generator(kind: str, spec: str, dtype: str = "auto") -> Any:
             log.info("loading %s model %s", kind, spec)
             gen.load()
             _loaded[key] = gen
-            log.info("%s model %s ready on %s", kind, spec, getattr(gen, "device", "?"))
+            log.info("%s model %s ready on %s", kind, spec, gen.device)
         return gen
 
 
-def loaded() -> dict[tuple[str, str, str], Any]:
+def loaded() -> dict[tuple[str, str, str], Generator]:
     """The adapters loaded in this process (for readiness reporting)."""
     return dict(_loaded)
+
+
+def side_multiple(spec: str) -> int:
+    """What video sides must be multiples of for model `spec`: the loaded adapter's own rule when
+    this process has it (a folder model learns its rule from the pipeline), else the catalog's."""
+    for (kind, loaded_spec, _), gen in list(_loaded.items()):
+        if kind == "video" and loaded_spec == spec and isinstance(gen, VideoGenerator):
+            return int(gen.spatial_multiple)
+    return catalog.side_multiple(spec)
 
 
 def release_memory() -> None:

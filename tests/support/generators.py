@@ -79,7 +79,9 @@ def _traced(prompts: Sequence[str]) -> Iterator[list[Run]]:
 class FlakyText(EchoTextGenerator):
     """A prompt with [[flaky:N]] fails transiently on its first N calls in this process."""
 
-    def generate(self, requests: Sequence[TextRequest], should_cancel: CancelCheck | None = None):
+    def run_batch(
+        self, requests: Sequence[TextRequest], should_cancel: CancelCheck | None = None
+    ) -> list[TextResult]:
         for req in requests:
             m = FLAKY.search(req.prompt)
             if m:
@@ -88,13 +90,15 @@ class FlakyText(EchoTextGenerator):
                     n = _calls[req.prompt]
                 if n <= int(m.group(1)):
                     raise TransientGeneratorError(f"flaky: call {n} of {m.group(1)} fails")
-        return super().generate(requests, should_cancel)
+        return super().run_batch(requests, should_cancel)
 
 
 class SlowText(EchoTextGenerator):
     """Emits one word per GENQUEUE_TEST_TOKEN_SECONDS (default 0.2), checking for cancel at each."""
 
-    def generate(self, requests: Sequence[TextRequest], should_cancel: CancelCheck | None = None):
+    def run_batch(
+        self, requests: Sequence[TextRequest], should_cancel: CancelCheck | None = None
+    ) -> list[TextResult]:
         delay = float(os.environ.get("GENQUEUE_TEST_TOKEN_SECONDS") or 0.2)
         out = []
         with _traced([r.prompt for r in requests]) as traced:
@@ -113,7 +117,7 @@ class SlowText(EchoTextGenerator):
 class TracedVideo(EchoVideoGenerator):
     """The echo video adapter (GENQUEUE_ECHO_STEP_SECONDS per step), recording each run."""
 
-    def generate(
+    def run_batch(
         self,
         requests: Sequence[VideoRequest],
         on_step: StepCallback | None = None,
@@ -126,13 +130,13 @@ class TracedVideo(EchoVideoGenerator):
                 if on_step is not None:
                     on_step(index, done, total)
 
-            return super().generate(requests, step, should_cancel)
+            return super().run_batch(requests, step, should_cancel)
 
 
 class SizeLimitedVideo(EchoVideoGenerator):
     """Raises OutOfMemory (as a CUDA OOM maps to) above GENQUEUE_TEST_MAX_PIXELS (default 64*64)."""
 
-    def generate(
+    def run_batch(
         self,
         requests: Sequence[VideoRequest],
         on_step: StepCallback | None = None,
@@ -142,13 +146,13 @@ class SizeLimitedVideo(EchoVideoGenerator):
         for req in requests:
             if req.width * req.height > limit:
                 raise OutOfMemory(f"test: {req.width}x{req.height} does not fit")
-        return super().generate(requests, on_step, should_cancel)
+        return super().run_batch(requests, on_step, should_cancel)
 
 
 class CostlyVideo(EchoVideoGenerator):
     """Sleeps GENQUEUE_TEST_PIXEL_STEP_SECONDS per (64x64 pixels x step): cost follows size."""
 
-    def generate(
+    def run_batch(
         self,
         requests: Sequence[VideoRequest],
         on_step: StepCallback | None = None,
@@ -161,13 +165,13 @@ class CostlyVideo(EchoVideoGenerator):
                 time.sleep(per_step)
                 if on_step is not None:
                     on_step(0, step, req.steps)
-        return super().generate(requests, None, should_cancel)
+        return super().run_batch(requests, None, should_cancel)
 
 
 class CrashingVideo(EchoVideoGenerator):
     """A prompt with [[crash]] kills the process running it, as a segfault or the OOM killer would."""
 
-    def generate(
+    def run_batch(
         self,
         requests: Sequence[VideoRequest],
         on_step: StepCallback | None = None,
@@ -175,7 +179,7 @@ class CrashingVideo(EchoVideoGenerator):
     ) -> list[VideoResult]:
         if any("[[crash]]" in req.prompt for req in requests):
             os._exit(137)
-        return super().generate(requests, on_step, should_cancel)
+        return super().run_batch(requests, on_step, should_cancel)
 
 
 class PausingVideo(EchoVideoGenerator):
