@@ -18,7 +18,7 @@ from sqlalchemy import Select, bindparam, delete, select, tuple_
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app import idempotency, services
+from app import idempotency
 from app.admission import admission
 from app.auth import current_principal, owned, tenant_id
 from app.errors import (
@@ -31,6 +31,7 @@ from app.errors import (
     UnsupportedMediaType,
     ValidationFailed,
 )
+from app.factory import services
 from app.published import PublishedMarks
 from app.queue import QueueCounts
 from app.schemas import ListQuery, complete_params, field_errors, parse_job
@@ -58,7 +59,7 @@ def _job_id(raw: str) -> uuid.UUID:
 
 
 @functools.cache
-def _by_id() -> Select[tuple[Job]]:
+def _by_id() -> Select[Job]:
     # Built once (its cache key memoized with it): the hot path only binds the two values.
     return select(Job).where(Job.id == bindparam("id"), Job.tenant_id == bindparam("tenant"))
 
@@ -264,7 +265,8 @@ def _discard(job_id: uuid.UUID) -> None:
 def _conditional(resp: Response) -> Response:
     """A strong ETag over the exact body, so queue_position changes also change it."""
     resp.set_etag(hashlib.sha256(resp.get_data()).hexdigest()[:32])
-    return resp.make_conditional(request)
+    resp.make_conditional(request)  # in place (it returns resp, typed as werkzeug's Response)
+    return resp
 
 
 @bp.get("/jobs/<job_id>")

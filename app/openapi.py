@@ -184,7 +184,7 @@ def _op(
         responses = {**responses, **_problems(401, 429)}
         responses["401"]["headers"] = {"WWW-Authenticate": {"schema": {"type": "string"}}}
         responses["429"]["headers"] = _RETRY_AFTER | _RATE_LIMIT
-    op = {"operationId": op_id, "summary": summary, "responses": responses}
+    op: dict[str, Any] = {"operationId": op_id, "summary": summary, "responses": responses}
     op["security"] = [{"bearerAuth": []}] if auth else []
     return op | ({"parameters": list(params)} if params else {})
 
