@@ -7,7 +7,7 @@ import random
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import kombu.exceptions
 import sqlalchemy.exc
@@ -28,12 +28,12 @@ log = logging.getLogger(__name__)
 try:  # redis-py errors that kombu lets through unwrapped
     import redis.exceptions as _redis
 
-    _REDIS_DOWN: tuple[type[BaseException], ...] = (_redis.ConnectionError, _redis.TimeoutError)
+    _REDIS_DOWN: tuple[type[Exception], ...] = (_redis.ConnectionError, _redis.TimeoutError)
 except ImportError:  # pragma: no cover - an AMQP-only install
     _REDIS_DOWN = ()
 
 # The database or the broker is down or overloaded: the work is fine, try it again later.
-INFRA_ERRORS: tuple[type[BaseException], ...] = (
+INFRA_ERRORS: tuple[type[Exception], ...] = (
     sqlalchemy.exc.OperationalError,
     sqlalchemy.exc.InterfaceError,
     sqlalchemy.exc.TimeoutError,
@@ -43,6 +43,10 @@ INFRA_ERRORS: tuple[type[BaseException], ...] = (
     TimeoutError,
     *_REDIS_DOWN,
 )
+
+
+# What infra_retry catches: an infrastructure error, or a DBAPIError that is_infra() may judge one.
+_RETRIED: tuple[type[Exception], ...] = (*INFRA_ERRORS, sqlalchemy.exc.DBAPIError)
 
 
 def is_infra(exc: BaseException) -> bool:
@@ -61,20 +65,20 @@ def hard_limit(settings: Settings, stage: str | None) -> int:
     return settings.video_time_limit_s if stage == Stage.VIDEO else settings.text_time_limit_s
 
 
-def _retry(task: Task, countdown: float, exc: BaseException) -> NoReturn:
+def _retry(task: Task[Any, Any], countdown: float, exc: Exception) -> NoReturn:
     """Publish the retry; if even that fails, hand the message back instead of dropping it."""
     try:
         raise task.retry(exc=exc, countdown=countdown, max_retries=task.request.retries + 1)
     except Reject as rej:  # Celery rejects *without* requeue when the retry cannot be published
-        raise Reject(rej.reason, requeue=True) from exc
+        raise Reject(rej.reason, requeue=True) from exc  # type: ignore[attr-defined]  # not in the stubs
 
 
 @contextmanager
-def infra_retry(task: Task, rt: Runtime, job_id: uuid.UUID, stage: str | None) -> Iterator[None]:
+def infra_retry(task: Task[Any, Any], rt: Runtime, job_id: uuid.UUID, stage: str | None) -> Iterator[None]:
     """Around a whole task: database/broker outages become bounded retries with backoff."""
     try:
         yield
-    except (*INFRA_ERRORS, sqlalchemy.exc.DBAPIError) as exc:
+    except _RETRIED as exc:
         if not is_infra(exc) or task.request.retries >= rt.settings.infra_max_retries:
             raise  # the errback and, behind it, the reaper take over
         s = rt.settings
@@ -96,11 +100,11 @@ def _classify(stage: Stage, exc: BaseException) -> tuple[str, str]:
 
 
 def handle(
-    task: Task,
+    task: Task[Any, Any],
     rt: Runtime,
     job: Job,
     stage: Stage,
-    exc: BaseException,
+    exc: Exception,
     video_request: VideoRequest | None = None,
 ) -> NoReturn:
     """Retry transient errors with backoff, degrade once if allowed, else fail and compensate once."""

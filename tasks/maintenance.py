@@ -23,7 +23,7 @@ BATCH = 200  # jobs looked at per category per run: a backlog drains over a few 
 
 
 @shared_task(bind=True, name=names.REAP_STUCK_JOBS, ignore_result=True)
-def reap_stuck_jobs(self: Task) -> dict[str, int]:
+def reap_stuck_jobs(self: Task[[], dict[str, int]]) -> dict[str, int]:
     """The beat entry point; see reap()."""
     counts = reap(runtime(self.app), self.app)
     if any(counts.values()):

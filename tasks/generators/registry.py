@@ -39,6 +39,7 @@ def register(kind: str, name: str, target: str) -> None:
 
 def _resolve(kind: str, spec: str, dtype: str = "auto") -> Callable[..., Any]:
     table, dir_target = (_TEXT, _TEXT_DIR) if kind == "text" else (_VIDEO, _VIDEO_DIR)
+    args: tuple[str, ...]
     if spec in table:
         target, args = table[spec], ()
     elif os.path.isdir(spec):
