@@ -88,13 +88,15 @@ class DiffusersVideoGenerator:
     @staticmethod
     def _constraints(pipe: Any) -> tuple[int, int]:
         """(width/height multiple, frame-count step): VAE downscale times the transformer patch size."""
-        spatial = getattr(pipe, "vae_scale_factor_spatial", None) or getattr(pipe, "vae_scale_factor", 8)
+        # Any, like pipe: annotated int, mypy reads the getattr(..., None) fallback as possibly None.
+        spatial: Any = getattr(pipe, "vae_scale_factor_spatial", None) or getattr(pipe, "vae_scale_factor", 8)
         patch = getattr(getattr(getattr(pipe, "transformer", None), "config", None), "patch_size", None)
         if isinstance(patch, list | tuple) and len(patch) == 3:
             spatial *= int(patch[1])  # (t, h, w) patches, e.g. Wan's (1, 2, 2)
         elif isinstance(patch, int):
             spatial *= patch
-        temporal = int(getattr(pipe, "vae_scale_factor_temporal", 1) or 1)
+        temporal: Any = getattr(pipe, "vae_scale_factor_temporal", 1) or 1
+        temporal = int(temporal)
         return int(spatial), temporal
 
     # -- generation ------------------------------------------------------------------------------
