@@ -31,7 +31,7 @@ from app.errors import (
     UnsupportedMediaType,
     ValidationFailed,
 )
-from app.factory import services
+from app.factory import extension, services
 from app.published import PublishedMarks
 from app.queue import QueueCounts
 from app.schemas import ListQuery, complete_params, field_errors, parse_job
@@ -76,21 +76,21 @@ def _queue() -> QueueCounts:
     ext = current_app.extensions
     if "genqueue.queue" not in ext:
         ext["genqueue.queue"] = QueueCounts(services().settings.queue_position_ttl_s)
-    return ext["genqueue.queue"]  # type: ignore[no-any-return]
+    return extension("genqueue.queue", QueueCounts)
 
 
 def _published() -> PublishedMarks:
     ext = current_app.extensions
     if "genqueue.published" not in ext:
         ext["genqueue.published"] = PublishedMarks(services().sessions)
-    return ext["genqueue.published"]  # type: ignore[no-any-return]
+    return extension("genqueue.published", PublishedMarks)
 
 
 def _waiters() -> Waiters:
     ext = current_app.extensions
     if "genqueue.waiters" not in ext:
         ext["genqueue.waiters"] = Waiters(services().sessions, services().settings.max_waiters)
-    return ext["genqueue.waiters"]  # type: ignore[no-any-return]
+    return extension("genqueue.waiters", Waiters)
 
 
 def queue_positions(session: Session, jobs: list[Job]) -> dict[uuid.UUID, int]:

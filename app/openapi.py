@@ -9,6 +9,7 @@ from flask import Blueprint, Response, current_app, jsonify
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 from app import webhooks_openapi
+from app.factory import extension
 from app.schemas import ListQuery, job_create_adapter
 
 bp = Blueprint("openapi", __name__)
@@ -332,7 +333,7 @@ def _spec() -> dict[str, Any]:
     ext = current_app.extensions
     if "genqueue.openapi" not in ext:  # built on first request, not at import or app creation
         ext["genqueue.openapi"] = build_spec(ext["genqueue"].settings.public_base_url.rstrip("/"))
-    return ext["genqueue.openapi"]  # type: ignore[no-any-return]
+    return extension("genqueue.openapi", dict)
 
 
 @bp.get("/openapi.json")
