@@ -8,7 +8,10 @@ Flask, SQLAlchemy, psycopg or Celery in the arbiter.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the checker sees the real names; at run time __getattr__ loads them
+    from app.factory import Services, create_app, services
 
 __all__ = ["Services", "create_app", "services"]
 

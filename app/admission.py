@@ -20,11 +20,12 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from flask import Flask, current_app
+from flask import Flask
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.errors import Overloaded, PlanLimitExceeded, QuotaExceeded
+from app.factory import extension
 from app.quota import ActiveJobs
 from models import Job, JobStatus
 from models.base import utcnow
@@ -157,4 +158,4 @@ def init_app(app: Flask, settings: Settings, sessions: sessionmaker[Session]) ->
 
 
 def admission() -> Admission:
-    return current_app.extensions[EXTENSION]  # type: ignore[no-any-return]
+    return extension(EXTENSION, Admission)

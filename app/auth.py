@@ -11,8 +11,8 @@ from cachetools import TTLCache
 from flask import Flask, current_app, g, request
 from sqlalchemy import Select
 
-from app import services
 from app.errors import Unauthorized
+from app.factory import services
 from models import Job
 from models.db import read_only
 from models.keys import Principal, authenticate, hash_key
@@ -22,7 +22,7 @@ log = logging.getLogger("genqueue.api")
 # Open without a key: liveness, readiness. /openapi.json, /docs and /metrics are not under /v1.
 PUBLIC_ENDPOINTS = frozenset({"health.health", "health.ready"})
 
-_S = TypeVar("_S", bound=Select)  # type: ignore[type-arg]
+_S = TypeVar("_S", bound="Select[*tuple[Any, ...]]")  # a select of any row shape
 EXTENSION = "genqueue.keycache"
 
 
@@ -91,7 +91,7 @@ def current_principal() -> Principal:
 
 
 def tenant_id() -> uuid.UUID:
-    return current_principal().tenant_id  # type: ignore[no-any-return]
+    return current_principal().tenant_id
 
 
 def owned(stmt: _S, model: type[Any] = Job) -> _S:

@@ -42,7 +42,7 @@ def _wait(client: Any, location: str, poll_s: float = 0.2) -> dict[str, Any]:
     last = ""
     with tqdm(total=100, unit="%", disable=not sys.stderr.isatty(), bar_format="{l_bar}{bar}| {n}%") as bar:
         while True:
-            job = client.get(location).get_json()
+            job: dict[str, Any] = client.get(location).get_json()
             label = f"{job['status']}{'/' + job['stage'] if job.get('stage') else ''}"
             bar.set_description(label)
             bar.update(job["progress"] - bar.n)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from celery import Celery
 from flask import Flask, current_app
@@ -19,6 +19,8 @@ from tasks import webhook_dispatch
 from tasks.celery_app import create_celery  # publishing only: never tasks.pipeline or torch
 
 EXTENSION = "genqueue"
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,15 @@ class Services:
 
 
 def services() -> Services:
-    return current_app.extensions[EXTENSION]  # type: ignore[no-any-return]
+    return extension(EXTENSION, Services)
+
+
+def extension(name: str, kind: type[_T]) -> _T:
+    """The current app's extension `name`, checked to be a `kind` (Flask types them all as Any)."""
+    value = current_app.extensions[name]
+    if not isinstance(value, kind):
+        raise TypeError(f"app.extensions[{name!r}] is a {type(value).__name__}, not a {kind.__name__}")
+    return value
 
 
 _SETTINGS_ALIASES = {"DATABASE_URL", "BROKER_URL"}

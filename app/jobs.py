@@ -19,7 +19,7 @@ from sqlalchemy import Select, bindparam, delete, select, tuple_
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app import idempotency, services
+from app import idempotency
 from app.admission import admission
 from app.auth import current_principal, owned, tenant_id
 from app.body import parse as parse_body
@@ -32,6 +32,7 @@ from app.errors import (
     UnsupportedMediaType,
     ValidationFailed,
 )
+from app.factory import extension, services
 from app.prompt_check import PromptCheck
 from app.published import PublishedMarks
 from app.queue import QueueCounts
@@ -61,7 +62,7 @@ def _job_id(raw: str) -> uuid.UUID:
 
 
 @functools.cache
-def _by_id() -> Select[tuple[Job]]:
+def _by_id() -> Select[Job]:
     # Built once (its cache key memoized with it): the hot path only binds the two values.
     return select(Job).where(Job.id == bindparam("id"), Job.tenant_id == bindparam("tenant"))
 
@@ -78,14 +79,14 @@ def _queue() -> QueueCounts:
     ext = current_app.extensions
     if "genqueue.queue" not in ext:
         ext["genqueue.queue"] = QueueCounts(services().settings.queue_position_ttl_s)
-    return ext["genqueue.queue"]  # type: ignore[no-any-return]
+    return extension("genqueue.queue", QueueCounts)
 
 
 def _published() -> PublishedMarks:
     ext = current_app.extensions
     if "genqueue.published" not in ext:
         ext["genqueue.published"] = PublishedMarks(services().sessions)
-    return ext["genqueue.published"]  # type: ignore[no-any-return]
+    return extension("genqueue.published", PublishedMarks)
 
 
 @bp.record_once
@@ -99,14 +100,14 @@ def _prompt_check() -> PromptCheck:
     ext = current_app.extensions
     if "genqueue.prompt_check" not in ext:
         ext["genqueue.prompt_check"] = PromptCheck(services().settings.text_model)
-    return ext["genqueue.prompt_check"]  # type: ignore[no-any-return]
+    return extension("genqueue.prompt_check", PromptCheck)
 
 
 def _waiters() -> Waiters:
     ext = current_app.extensions
     if "genqueue.waiters" not in ext:
         ext["genqueue.waiters"] = Waiters(services().sessions, services().settings.max_waiters)
-    return ext["genqueue.waiters"]  # type: ignore[no-any-return]
+    return extension("genqueue.waiters", Waiters)
 
 
 def queue_positions(session: Session, jobs: list[Job]) -> dict[uuid.UUID, int]:
@@ -281,7 +282,8 @@ def _discard(job_id: uuid.UUID) -> None:
 def _conditional(resp: Response) -> Response:
     """A strong ETag over the exact body, so queue_position changes also change it."""
     resp.set_etag(hashlib.sha256(resp.get_data()).hexdigest()[:32])
-    return resp.make_conditional(request)
+    resp.make_conditional(request)  # in place (it returns resp, typed as werkzeug's Response)
+    return resp
 
 
 @bp.get("/jobs/<job_id>")

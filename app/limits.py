@@ -39,7 +39,8 @@ def init_app(app: Flask, settings: Settings) -> Limiter:
         return Plan.effective(settings, principal.plan_overrides if principal else None).rate_limit
 
     uri = settings.ratelimit_storage_uri
-    options = {"socket_timeout": 1, "socket_connect_timeout": 1} if uri.startswith("redis") else {}
+    redis_options: dict[str, str | int] = {"socket_timeout": 1, "socket_connect_timeout": 1}
+    options = redis_options if uri.startswith("redis") else {}
     limiter = Limiter(
         _key,
         app=app,

@@ -9,6 +9,7 @@ from flask import Blueprint, Response, current_app, jsonify
 from pydantic import TypeAdapter
 
 from app import openapi_rules, webhooks_openapi
+from app.factory import extension
 from app.openapi_models import Health, Job, JobList, Problem, Ready
 from app.openapi_parts import REF, json_answer, op, param, problems, ref
 from app.schemas import job_create_adapter
@@ -208,7 +209,7 @@ def _spec() -> dict[str, Any]:
     ext = current_app.extensions
     if "genqueue.openapi" not in ext:  # built on first request, not at import or app creation
         ext["genqueue.openapi"] = build_spec(ext["genqueue"].settings.public_base_url.rstrip("/"))
-    return ext["genqueue.openapi"]  # type: ignore[no-any-return]
+    return extension("genqueue.openapi", dict)
 
 
 @bp.get("/openapi.json")

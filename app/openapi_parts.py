@@ -80,6 +80,6 @@ def op(
         responses = {**responses, **problems(401, 429)}
         responses["401"]["headers"] = {"WWW-Authenticate": {"schema": {"type": "string"}}}
         responses["429"]["headers"] = _RETRY_AFTER | _RATE_LIMIT
-    out = {"operationId": op_id, "summary": summary, "responses": responses}
+    out: dict[str, Any] = {"operationId": op_id, "summary": summary, "responses": responses}
     out["security"] = [{"bearerAuth": []}] if auth else []
     return out | ({"parameters": list(params)} if params else {})

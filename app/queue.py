@@ -28,9 +28,9 @@ class QueueCounts:
         self._lock = threading.Lock()
         self._counts: dict[str, int] = {}
         self._at = -float("inf")
-        self._older: Select | None = None  # type: ignore[type-arg]
+        self._older: Select[uuid.UUID, int] | None = None
 
-    def _older_stmt(self) -> Select:  # type: ignore[type-arg]
+    def _older_stmt(self) -> Select[uuid.UUID, int]:
         """Built once: an aliased self-join costs more Python to construct than to run."""
         if self._older is None:
             ahead = aliased(Job)

@@ -17,7 +17,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import redis
 from sqlalchemy import func, select
@@ -68,7 +68,7 @@ class RedisStore:
             yield chunk
 
     def count(self, key: str) -> int:
-        return int(self.client.zcard(key))
+        return cast(int, self.client.zcard(key))  # redis-py types sync and asyncio replies alike
 
     def remove(self, key: str, members: list[str]) -> None:
         if members:

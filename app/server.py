@@ -57,7 +57,7 @@ class _Capture:
         return getattr(self._sock, name)
 
 
-class HardenedGeventWorker(GeventWorker):  # type: ignore[misc]  # gunicorn is untyped
+class HardenedGeventWorker(GeventWorker):
     """gunicorn's gevent worker with a body deadline and problem+json protocol errors."""
 
     body_timeout_s = 10.0
@@ -96,7 +96,7 @@ class HardenedGeventWorker(GeventWorker):  # type: ignore[misc]  # gunicorn is u
 
     def handle_error(self, req: Any, client: Any, addr: Any, exc: BaseException) -> None:
         capture = _Capture(client)
-        super().handle_error(req, capture, addr, exc)
+        super().handle_error(req, capture, addr, exc)  # type: ignore[arg-type]  # a stand-in socket
         match = _STATUS_LINE.match(capture.data)
         if match is None:  # nothing written (or not HTTP): pass it on unchanged
             if capture.data:

@@ -12,9 +12,9 @@ from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
-from app import services
 from app.auth import owned, tenant_id
 from app.errors import Conflict, NotFound, ValidationFailed
+from app.factory import services
 from app.jobs import _json_body, _load
 from app.schemas import field_errors
 from app.webhook_schemas import EndpointCreate

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from logging.config import fileConfig
+from typing import Any, Literal
 
 from alembic import context
-from sqlalchemy import engine_from_config, pool
+from alembic.autogenerate.api import AutogenContext
+from sqlalchemy import Connection, engine_from_config, pool
 
 import models
 from models.base import UTCDateTime
@@ -41,14 +43,14 @@ def run_migrations_online() -> None:
         _run(connectable)
 
 
-def _render_item(type_: str, obj: object, autogen_context: object) -> str | bool:
+def _render_item(type_: str, obj: Any, autogen_context: AutogenContext) -> str | Literal[False]:
     # Columns of our TypeDecorators migrate as the plain types they wrap.
     if type_ == "type" and isinstance(obj, UTCDateTime):
         return "sa.DateTime(timezone=True)"
     return False
 
 
-def _run(connection: object) -> None:
+def _run(connection: Connection) -> None:
     # render_as_batch lets the same scripts alter tables on SQLite (embedded mode).
     context.configure(
         connection=connection,

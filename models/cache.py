@@ -18,7 +18,7 @@ import uuid
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import and_, case, select, text, update
+from sqlalchemy import ColumnElement, and_, case, select, text, update
 from sqlalchemy.orm import Session
 
 from models import catalog, outbox
@@ -100,7 +100,7 @@ def find_source(
     Call inside the submit transaction; on Postgres it holds the key's lock until commit.
     """
     _lock_key(session, key)
-    usable = Job.status.in_([JobStatus.SUCCEEDED, *ACTIVE])
+    usable: ColumnElement[bool] = Job.status.in_([JobStatus.SUCCEEDED, *ACTIVE])
     if tenant_id is not None:
         usable = and_(usable, Job.tenant_id == tenant_id)
     done_first = case((Job.status == JobStatus.SUCCEEDED, 0), else_=1)

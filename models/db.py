@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import CursorResult, Engine, Result, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 from models import liveness
@@ -77,3 +77,9 @@ def autocommit(factory: sessionmaker[Session]) -> Iterator[Session]:
 
 # Reads: statements see what was committed when each began, as in a READ COMMITTED transaction.
 read_only = autocommit
+
+
+def rowcount(result: Result[Any]) -> int:
+    """The rows an UPDATE/DELETE matched. Session.execute is typed as returning any Result; for
+    such a statement it is a CursorResult, which has the count."""
+    return cast("CursorResult[Any]", result).rowcount

@@ -13,6 +13,7 @@ import hmac
 import re
 import secrets
 import string
+import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -83,7 +84,7 @@ def create_key(session: Session, tenant_name: str, label: str | None = None) -> 
 class Principal:
     """Who a request acts for: the tenant and the key it presented (by prefix only)."""
 
-    tenant_id: Any
+    tenant_id: uuid.UUID
     tenant_name: str
     key_prefix: str
     plan_overrides: dict[str, Any]

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 from models import outbox
 from models.base import utcnow
 from models.cache import settle_followers
+from models.db import rowcount
 from models.job import ACTIVE, Job, JobStatus, Stage
 
 Deadline = datetime | ColumnElement[datetime]  # a value, or an expression on the row's old values
@@ -38,7 +39,7 @@ def _transition(
 ) -> bool:
     if not event:
         stmt = _update(job_id, where, values)
-        return session.execute(stmt).rowcount == 1  # type: ignore[attr-defined]
+        return rowcount(session.execute(stmt)) == 1
     job = _transition_row(
         session, job_id, where, values, event,
         from_status=from_status, event_data=event_data, then=then, event_at=event_at,
@@ -132,7 +133,7 @@ def mark_published_many(session: Session, job_ids: list[uuid.UUID], at: datetime
     if not job_ids:
         return 0
     result = session.execute(_mark_many_stmt(), {"ids": job_ids, "at": at or utcnow()})
-    return result.rowcount or 0  # type: ignore[attr-defined, no-any-return]
+    return rowcount(result) or 0
 
 
 @cache

@@ -16,6 +16,7 @@ from typing import Any
 from sqlalchemy import (
     BigInteger,
     ColumnElement,
+    ColumnExpressionArgument,
     ForeignKey,
     Index,
     Integer,
@@ -177,7 +178,7 @@ class WebhookSecret(Base):
         return f"WebhookSecret(tenant_id={self.tenant_id}, generation={self.generation})"
 
 
-def endpoints_for(job_id: uuid.UUID, tenant_id: uuid.UUID) -> Select[tuple[WebhookEndpoint]]:
+def endpoints_for(job_id: uuid.UUID, tenant_id: uuid.UUID) -> Select[WebhookEndpoint]:
     """Live endpoints that may receive a job's events: its own, and every one its tenant registered."""
     return select(WebhookEndpoint).where(
         or_(
@@ -188,7 +189,7 @@ def endpoints_for(job_id: uuid.UUID, tenant_id: uuid.UUID) -> Select[tuple[Webho
     )
 
 
-def _registered(tenant_id: Any) -> Any:
+def _registered(tenant_id: uuid.UUID | ColumnExpressionArgument[uuid.UUID]) -> Select[uuid.UUID]:
     return select(WebhookEndpoint.id).where(
         WebhookEndpoint.tenant_id == tenant_id,
         WebhookEndpoint.job_id.is_(None),
@@ -200,7 +201,7 @@ def any_registered_endpoint(session: Session, tenant_id: uuid.UUID) -> bool:
     return session.execute(_registered(tenant_id).limit(1)).first() is not None
 
 
-def registered_endpoint_exists(tenant_id: ColumnElement[uuid.UUID]) -> ColumnElement[bool]:
+def registered_endpoint_exists(tenant_id: ColumnExpressionArgument[uuid.UUID]) -> ColumnElement[bool]:
     """any_registered_endpoint as an EXISTS on a column, to ride along in a statement on that row."""
     return _registered(tenant_id).exists()
 

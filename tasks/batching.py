@@ -203,7 +203,8 @@ def _all_gone(batch: list[Item]) -> CancelCheck:
 def _text_runner(spec: str, dtype: str) -> RunBatch:
     def run(batch: list[Item]) -> Sequence[Any]:
         gen = get_generator("text", spec, dtype)
-        return gen.generate([i.request for i in batch], should_cancel=_all_gone(batch))
+        results: Sequence[Any] = gen.generate([i.request for i in batch], should_cancel=_all_gone(batch))
+        return results
 
     return run
 
@@ -216,7 +217,10 @@ def _video_runner(spec: str) -> RunBatch:
                 callback(step, total)
 
         gen = get_generator("video", spec)
-        return gen.generate([i.request for i in batch], on_step=on_step, should_cancel=_all_gone(batch))
+        results: Sequence[Any] = gen.generate(
+            [i.request for i in batch], on_step=on_step, should_cancel=_all_gone(batch)
+        )
+        return results
 
     return run
 
@@ -251,14 +255,14 @@ def batcher_for(kind: str, settings: Settings, model: str | None = None) -> Micr
         return b
 
 
-def _soft_limit(task: Task, settings: Settings, kind: str) -> float:
+def _soft_limit(task: Task[Any, Any], settings: Settings, kind: str) -> float:
     timelimit = getattr(task.request, "timelimit", None) or (None, None)
     default = settings.text_soft_time_limit_s if kind == "text" else settings.video_soft_time_limit_s
     return float(timelimit[1] or getattr(task, "soft_time_limit", None) or default)
 
 
 def run_batched(
-    task: Task,
+    task: Task[Any, Any],
     settings: Settings,
     request: TextRequest | VideoRequest,
     should_cancel: CancelCheck | None = None,

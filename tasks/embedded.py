@@ -6,6 +6,7 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from celery import Celery
 
@@ -24,7 +25,7 @@ log = logging.getLogger("genqueue.embedded")
 def embedded_settings(data_dir: Path, **overrides: object) -> Settings:
     """Settings for one process holding the database file, the broker and the worker."""
     data_dir = Path(data_dir).resolve()
-    values: dict[str, object] = {
+    values: dict[str, Any] = {  # validated by Settings
         "database_url": f"sqlite:///{data_dir / 'genqueue.db'}",
         "broker_url": "memory://localhost/",
         "artifact_dir": data_dir / "artifacts",
@@ -32,7 +33,7 @@ def embedded_settings(data_dir: Path, **overrides: object) -> Settings:
         "ratelimit_url": "memory://",  # one process: flask-limiter's memory storage, no Redis
     }
     values.update({k: v for k, v in overrides.items() if v is not None})
-    return Settings(**values)  # type: ignore[arg-type]
+    return Settings(**values)
 
 
 @contextmanager

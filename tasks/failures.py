@@ -7,7 +7,7 @@ import random
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import sqlalchemy.exc
 from celery import Task
@@ -25,6 +25,10 @@ from tasks.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
+# What infra_retry catches: a transient error, or a DBAPIError that is_transient() may judge one.
+_RETRIED: tuple[type[Exception], ...] = (*TRANSIENT_ERRORS, sqlalchemy.exc.DBAPIError)
+
+
 def backoff(base: float, cap: float, retries: int) -> float:
     """Exponential backoff with jitter: uniform in [x/2, x], x = min(cap, base * 2**retries)."""
     ceiling = min(cap, base * 2**retries)
@@ -35,20 +39,20 @@ def hard_limit(settings: Settings, stage: str | None) -> int:
     return settings.video_time_limit_s if stage == Stage.VIDEO else settings.text_time_limit_s
 
 
-def _retry(task: Task, countdown: float, exc: BaseException) -> NoReturn:
+def _retry(task: Task[Any, Any], countdown: float, exc: Exception) -> NoReturn:
     """Publish the retry; if even that fails, hand the message back instead of dropping it."""
     try:
         raise task.retry(exc=exc, countdown=countdown, max_retries=task.request.retries + 1)
     except Reject as rej:  # Celery rejects *without* requeue when the retry cannot be published
-        raise Reject(rej.reason, requeue=True) from exc
+        raise Reject(rej.reason, requeue=True) from exc  # type: ignore[attr-defined]  # not in the stubs
 
 
 @contextmanager
-def infra_retry(task: Task, rt: Runtime, job_id: uuid.UUID, stage: str | None) -> Iterator[None]:
+def infra_retry(task: Task[Any, Any], rt: Runtime, job_id: uuid.UUID, stage: str | None) -> Iterator[None]:
     """Around a whole task: database/broker outages become bounded retries with backoff."""
     try:
         yield
-    except (*TRANSIENT_ERRORS, sqlalchemy.exc.DBAPIError) as exc:
+    except _RETRIED as exc:
         if not is_transient(exc) or task.request.retries >= rt.settings.infra_max_retries:
             raise  # the errback and, behind it, the reaper take over
         s = rt.settings
@@ -70,11 +74,11 @@ def _classify(stage: Stage, exc: BaseException) -> tuple[str, str]:
 
 
 def handle(
-    task: Task,
+    task: Task[Any, Any],
     rt: Runtime,
     job: Job,
     stage: Stage,
-    exc: BaseException,
+    exc: Exception,
     video_request: VideoRequest | None = None,
 ) -> NoReturn:
     """Retry transient errors with backoff, degrade once if allowed, else fail and compensate once."""

@@ -71,7 +71,8 @@ def live_task_ids(
     if not wanted or not supported(app.conf.broker_url):
         return None if wanted else set()
     with app.connection_for_read() as conn:
-        channel = conn.default_channel
+        # kombu's Redis Channel: its list and hash names are internals the stubs do not declare.
+        channel: Any = conn.default_channel
         client = channel.client
         keys = [channel._q_for_pri(queue, pri) for pri in channel.priority_steps]
         found = _scan_lists(client, keys, wanted)

@@ -34,7 +34,7 @@ def install() -> bool:
         from kombu.transport import redis as kombu_redis
     except ImportError:  # no Redis transport in this install: nothing to patch
         return False
-    channel_cls = kombu_redis.Channel
+    channel_cls: Any = kombu_redis.Channel  # _connparams is private: the stubs do not declare it
     if getattr(channel_cls._connparams, _PATCHED, False):
         return True
     original = channel_cls._connparams
@@ -46,7 +46,8 @@ def install() -> bool:
             # redis's ConnectionError is in Channel.connection_errors: callers treat it as
             # a lost connection (ignore it on close, reconnect in the consumer).
             raise redis.exceptions.ConnectionError("kombu transport already closed (connection lost)")
-        return original(self, asynchronous=asynchronous)
+        params: dict[str, Any] = original(self, asynchronous=asynchronous)
+        return params
 
     setattr(_connparams, _PATCHED, True)
     channel_cls._connparams = _connparams
@@ -57,6 +58,7 @@ def uninstall() -> None:
     """Undo install() (tests that show the crash without the patch)."""
     from kombu.transport import redis as kombu_redis
 
-    current = kombu_redis.Channel._connparams
+    channel_cls: Any = kombu_redis.Channel
+    current = channel_cls._connparams
     if getattr(current, _PATCHED, False):
-        kombu_redis.Channel._connparams = current.__wrapped__
+        channel_cls._connparams = current.__wrapped__

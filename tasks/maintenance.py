@@ -30,7 +30,7 @@ SUSPECTS = 50
 
 
 @shared_task(bind=True, name=names.REAP_STUCK_JOBS, ignore_result=True)
-def reap_stuck_jobs(self: Task) -> dict[str, int]:
+def reap_stuck_jobs(self: Task[[], dict[str, int]]) -> dict[str, int]:
     """The beat entry point; see reap()."""
     counts = reap(runtime(self.app), self.app)
     if any(counts.values()):

@@ -55,7 +55,7 @@ def _enter_stage(rt: Runtime, job_id: uuid.UUID, stage: Stage) -> Job | None:
 
 
 @shared_task(bind=True, name=names.GENERATE_TEXT)
-def generate_text(self: Task, job_id: str) -> None:
+def generate_text(self: Task[[str], None], job_id: str) -> None:
     """Turn the prompt into text (the final output, or the video stage's shot description)."""
     rt = runtime(self.app)
     jid = uuid.UUID(job_id)
@@ -63,7 +63,7 @@ def generate_text(self: Task, job_id: str) -> None:
         _text_stage(self, rt, jid)
 
 
-def _text_stage(self: Task, rt: Runtime, jid: uuid.UUID) -> None:
+def _text_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID) -> None:
     job = _enter_stage(rt, jid, Stage.TEXT)
     if job is None:
         return
@@ -97,7 +97,7 @@ def _text_stage(self: Task, rt: Runtime, jid: uuid.UUID) -> None:
 
 
 @shared_task(bind=True, name=names.GENERATE_VIDEO)
-def generate_video(self: Task, job_id: str) -> None:
+def generate_video(self: Task[[str], None], job_id: str) -> None:
     """Render the shot description to frames and an MP4 (+ thumbnail) under the artifact dir."""
     rt = runtime(self.app)
     jid = uuid.UUID(job_id)
@@ -105,7 +105,7 @@ def generate_video(self: Task, job_id: str) -> None:
         _video_stage(self, rt, jid)
 
 
-def _video_stage(self: Task, rt: Runtime, jid: uuid.UUID) -> None:
+def _video_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID) -> None:
     job = _enter_stage(rt, jid, Stage.VIDEO)
     if job is None:
         # A redelivery after the success was committed (its worker killed before the sweep
@@ -147,7 +147,7 @@ def _video_stage(self: Task, rt: Runtime, jid: uuid.UUID) -> None:
 
 
 @shared_task(bind=True, name=names.COMPENSATE)
-def compensate(self: Task, job_id: str) -> None:
+def compensate(self: Task[[str], None], job_id: str) -> None:
     """Errback of the chain (and sent on cancel): fail the job if still active, then compensate.
 
     Errbacks can fire more than once; compensate_job records and releases only once.

@@ -46,6 +46,7 @@ def publish_job(
     start = "video" if stage == "video" else "text"
     first = _stage(app, jid, start, prio, errback)
     then = [_stage(app, jid, "video", prio, errback)] if start == "text" and modality != "text" else None
+    assert first.task is not None  # _stage names it
     app.send_task(
         first.task,
         args=first.args,

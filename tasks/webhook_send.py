@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from enum import StrEnum
+from typing import TypedDict, Unpack
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
@@ -39,6 +40,15 @@ class Outcome:
     error: str | None = None
     excerpt: str | None = None
     retry_after_s: float | None = None
+
+
+class _Details(TypedDict, total=False):
+    """Outcome's optional fields, as send() passes them."""
+
+    status_code: int | None
+    error: str | None
+    excerpt: str | None
+    retry_after_s: float | None
 
 
 def signed_headers(secrets: list[str], msg_id: str, body: str, now: float | None = None) -> dict[str, str]:
@@ -132,8 +142,8 @@ def post(
     """
     started = time.monotonic()
 
-    def done(verdict: Verdict, **kw: object) -> Outcome:
-        return Outcome(verdict, int((time.monotonic() - started) * 1000), **kw)  # type: ignore[arg-type]
+    def done(verdict: Verdict, **kw: Unpack[_Details]) -> Outcome:
+        return Outcome(verdict, int((time.monotonic() - started) * 1000), **kw)
 
     try:
         scheme, host, port = ssrf.split_url(url)

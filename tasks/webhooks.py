@@ -294,7 +294,7 @@ def send_due(sessions: sessionmaker[Session], settings: Settings, job_id: uuid.U
 
 
 @shared_task(bind=True, name=names.DELIVER_WEBHOOK, max_retries=LOCK_RETRIES)
-def deliver_webhooks(self: Task, job_id: str) -> None:
+def deliver_webhooks(self: Task[[str], None], job_id: str) -> None:
     """Fan out and send one job's pending webhook messages, in order."""
     rt = runtime(self.app)
     jid = uuid.UUID(job_id)
@@ -326,7 +326,7 @@ def overdue_jobs(sessions: sessionmaker[Session], grace_s: float, limit: int = 1
 
 
 @shared_task(bind=True, name=names.RELAY_WEBHOOKS)
-def relay_webhooks(self: Task) -> int:
+def relay_webhooks(self: Task[[], int]) -> int:
     """Beat: wake a dispatcher for every job whose webhooks fell behind."""
     rt = runtime(self.app)
     jobs = overdue_jobs(rt.sessions, rt.settings.webhook_relay_grace_s)

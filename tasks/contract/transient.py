@@ -12,11 +12,11 @@ import sqlalchemy.exc
 try:  # redis-py errors that kombu lets through unwrapped
     import redis.exceptions as _redis
 
-    _REDIS_DOWN: tuple[type[BaseException], ...] = (_redis.ConnectionError, _redis.TimeoutError)
+    _REDIS_DOWN: tuple[type[Exception], ...] = (_redis.ConnectionError, _redis.TimeoutError)
 except ImportError:  # pragma: no cover - an AMQP-only install
     _REDIS_DOWN = ()
 
-TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
     sqlalchemy.exc.OperationalError,
     sqlalchemy.exc.InterfaceError,  # the connection went away under the driver
     sqlalchemy.exc.TimeoutError,  # pool exhausted

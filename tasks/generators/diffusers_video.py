@@ -91,7 +91,8 @@ class DiffusersVideoGenerator(VideoGenerator):
             spatial *= int(patch[1])  # (t, h, w) patches, e.g. Wan's (1, 2, 2)
         elif isinstance(patch, int):
             spatial *= patch
-        temporal = int(getattr(pipe, "vae_scale_factor_temporal", 1) or 1)
+        temporal: Any = getattr(pipe, "vae_scale_factor_temporal", 1) or 1
+        temporal = int(temporal)
         return int(spatial), temporal
 
     # -- generation ------------------------------------------------------------------------------

@@ -52,7 +52,7 @@ class PerRowSampler(LogitsProcessor):
         self.temperatures = list(temperatures)
         self.generators = list(generators)
 
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
         scores = scores.float()  # bf16 logits would make the noise coarse
         for row, (temp, gen) in enumerate(zip(self.temperatures, self.generators, strict=True)):
             if temp <= 0 or gen is None:
@@ -69,7 +69,8 @@ class RowBudget(StoppingCriteria):
         self.limits = torch.tensor([prompt_len + b for b in budgets])
 
     def __call__(self, input_ids: torch.LongTensor, scores: Any, **kwargs: Any) -> torch.BoolTensor:
-        return input_ids.shape[1] >= self.limits.to(input_ids.device)
+        # transformers declares BoolTensor, a type no torch operation returns: a bool Tensor is meant.
+        return input_ids.shape[1] >= self.limits.to(input_ids.device)  # type: ignore[return-value]
 
 
 class CancelCriteria(StoppingCriteria):
@@ -86,7 +87,9 @@ class CancelCriteria(StoppingCriteria):
         if self.should_cancel is not None and not self.canceled and now - self._last >= self.interval_s:
             self._last = now
             self.canceled = bool(self.should_cancel())
-        return torch.full((input_ids.shape[0],), self.canceled, dtype=torch.bool, device=input_ids.device)
+        return torch.full(  # type: ignore[return-value]  # see RowBudget
+            (input_ids.shape[0],), self.canceled, dtype=torch.bool, device=input_ids.device
+        )
 
 
 class CausalLMGenerator(TextGenerator):

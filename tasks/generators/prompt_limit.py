@@ -127,7 +127,7 @@ def _from_gguf(path: str) -> tuple[Any, str | None]:
         raise ValueError(f"{path}: tokens outside the byte alphabet; not rebuilt here")
     bpe = models.BPE(
         vocab={t: i for i, t in enumerate(tokens)},
-        merges=[tuple(m.split(" ", 1)) for m in merges],
+        merges=[(a, b) for a, b in (m.split(" ", 1) for m in merges)],
         continuing_subword_prefix="",
         end_of_word_suffix="",
         fuse_unk=False,
@@ -175,7 +175,7 @@ def counter_for(text_model: str) -> PromptCounter | None:
     if os.path.isfile(os.path.join(text_model, "tokenizer.json")):
         from tokenizers import Tokenizer
 
-        template = None
+        template: Any = None  # a string, or (tokenizer_config.json) whatever the file holds
         jinja = os.path.join(text_model, "chat_template.jinja")
         if os.path.isfile(jinja):
             with open(jinja, encoding="utf-8") as f:
