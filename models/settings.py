@@ -59,9 +59,9 @@ class Settings(BaseSettings):
     )
     text_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto",
-        description="The text model's dtype. `auto`: bfloat16 on CUDA, float32 on CPU; bfloat16 on an "
-        "AMX CPU runs batched text ~1.3x faster (docs/BENCHMARKS.md), but its rounding lets a row's "
-        "greedy text depend on its batch-mates.",
+        description="The text model's dtype: `auto`, `float32`, `bfloat16` or `float16`. `auto`: "
+        "bfloat16 on CUDA, float32 on CPU; bfloat16 on an AMX CPU runs batched text ~1.3x faster "
+        "(docs/BENCHMARKS.md), but its rounding lets a row's greedy text depend on its batch-mates.",
     )
     worker_preload: str = Field(
         "",
