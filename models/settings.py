@@ -8,74 +8,154 @@ from typing import Literal
 from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+# docs/SETTINGS.md is generated from the fields below (python -m models.settings_doc), grouped by
+# models.settings_doc.GROUPS; tests/test_settings_doc.py fails when it is stale or a field has no
+# description.
+
 
 class Settings(BaseSettings):
     """Every knob in one place. Env names: GENQUEUE_<FIELD>, plus DATABASE_URL and BROKER_URL."""
 
     model_config = SettingsConfigDict(env_prefix="GENQUEUE_", extra="ignore")
 
+    # -- services and storage
     database_url: str = Field(
         "postgresql+psycopg://postgres@127.0.0.1:5432/genqueue",
         validation_alias=AliasChoices("DATABASE_URL", "GENQUEUE_DATABASE_URL"),
+        description="The database (PostgreSQL through psycopg 3); `sqlite:///path` for one process "
+        "(the embedded mode).",
     )
     broker_url: str = Field(
-        "redis://127.0.0.1:6379/0", validation_alias=AliasChoices("BROKER_URL", "GENQUEUE_BROKER_URL")
+        "redis://127.0.0.1:6379/0",
+        validation_alias=AliasChoices("BROKER_URL", "GENQUEUE_BROKER_URL"),
+        description="The Celery broker: Redis, or RabbitMQ (`amqp://guest:guest@127.0.0.1:5672//`).",
     )
-    artifact_dir: Path = Path("var/artifacts")
-    public_base_url: str = ""  # e.g. https://genqueue.example.com; empty: relative URLs
-
-    text_model: str = "smollm2"  # registered name or a local transformers directory
-    video_model: str = "wan-tiny"  # registered name or a local diffusers directory
-    # auto: bf16 on CUDA, float32 on CPU; bfloat16 on an AMX CPU batches faster (docs/BENCHMARKS.md).
-    text_dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    worker_preload: str = ""  # "text", "video" or "text,video": load at worker start, not first task
-
-    db_pool_size: int = 10
-    db_max_overflow: int = 10
-    db_connect_timeout_s: int = 3
-    # The API pings no connection before use (a round trip saved per checkout, 2-3 per request):
-    # after a Postgres restart each web process answers one request 503 and then reconnects.
-    # Workers test a connection before use when it sat idle or its server hung up on it
-    # (models.liveness): a failed statement there would cost a task retry.
-    db_web_pre_ping: bool = False
-    broker_visibility_timeout_s: int = 7200
-    # Task events (a Redis PUBLISH per task received, started, succeeded) cost the worker's main
-    # process about as much as fetching the tasks. Off unless asked for: Flower switches them on
-    # in every worker it sees (its --enable_events, on by default) for as long as it runs.
-    worker_task_events: bool = False
-
-    text_soft_time_limit_s: int = 300
-    text_time_limit_s: int = 360
-    video_soft_time_limit_s: int = 1800
-    video_time_limit_s: int = 1900
-    max_retries: int = 3
-    retry_backoff_s: float = 2.0
-    retry_backoff_max_s: float = 300.0
-    progress_interval_s: float = 0.5
-    # Reliability (docs/RELIABILITY.md): retries of infrastructure errors, stage attempts,
-    # the reaper's deadlines, degraded retries and idempotency keys.
-    max_stage_attempts: int = 6  # deliveries of one stage (retries + redeliveries) before it fails
-    infra_max_retries: int = 20  # database/broker errors inside a task: retried this often
-    infra_backoff_s: float = 1.0
-    infra_backoff_max_s: float = 30.0
-    broker_restore_interval_s: int = 10  # Redis: how often unacked messages past the timeout return
-    broker_closed_transport_guard: bool = Field(
-        True,
-        description="Patch kombu's Redis transport so a channel of a closed connection raises a connection "
-        "error instead of AttributeError: the crash that made a worker exit on a Redis restart "
-        "(tasks.kombu_fixes). Off only to reproduce that crash.",
+    artifact_dir: Path = Field(
+        Path("var/artifacts"),
+        description="Where MP4s and thumbnails are written; shared by the web processes and the video "
+        "workers.",
     )
+    public_base_url: str = Field(
+        "",
+        description="The API's public origin (e.g. `https://genqueue.example.com`) for absolute links; "
+        "empty: relative URLs.",
+    )
+    model_cache: Path = Field(
+        Path("~/.cache/genqueue/models"),
+        description="Where the dequantized SmolLM2 weights and the API's prompt tokenizer "
+        "(`prompt-limit/`) are cached; `~` is expanded.",
+    )
+
+    # -- models and workers
+    text_model: str = Field(
+        "smollm2",
+        description="`smollm2`, `echo` (zero cost), a registered name, or a local transformers "
+        "causal-LM directory.",
+    )
+    video_model: str = Field(
+        "wan-tiny",
+        description="`wan-tiny`, `echo` (zero cost), a registered name, or a local diffusers "
+        "text-to-video directory.",
+    )
+    text_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        description="The text model's dtype: `auto`, `float32`, `bfloat16` or `float16`. `auto`: "
+        "bfloat16 on CUDA, float32 on CPU; bfloat16 on an AMX CPU runs batched text ~1.3x faster "
+        "(docs/BENCHMARKS.md), but its rounding lets a row's greedy text depend on its batch-mates.",
+    )
+    worker_preload: str = Field(
+        "",
+        description='`text`, `video` or `text,video`: load those models when the worker process starts, '
+        "not at its first task.",
+    )
+    echo_step_seconds: float = Field(
+        0.0,
+        description="The `echo` video adapter sleeps this long per step, so tests can catch a task "
+        "mid-run; read when each batch runs.",
+    )
+    worker_task_events: bool = Field(
+        False,
+        description="Send Celery task events always. Off, Flower (in the Procfile) switches them on "
+        "in every worker it sees while it runs.",
+    )
+    # Why off: task events (a Redis PUBLISH per task received, started, succeeded) cost the
+    # worker's main process about as much as fetching the tasks.
     worker_restart_backoff_s: float = Field(
         1.0, description="`genqueue worker`: first wait before restarting a worker that exited unexpectedly."
     )
     worker_restart_backoff_max_s: float = Field(
         30.0, description="`genqueue worker`: the restart wait doubles per quick exit up to this."
     )
-    stage_grace_s: int = 120  # past a stage's hard time limit before the reaper calls it stuck
-    publish_grace_s: int = 60  # committed but unpublished (or failed but uncompensated) this long
-    queued_timeout_s: int = 6 * 3600  # waiting this long for a worker: published again
-    max_recoveries: int = 3  # reaper interventions per job before it fails the job
-    reaper_interval_s: float = 30.0
+
+    # -- database
+    db_pool_size: int = Field(
+        10,
+        description="Pooled database connections per web process (a request holds one only while its "
+        "statements run; the others wait for one).",
+    )
+    db_max_overflow: int = Field(10, description="Connections a web process may open beyond the pool.")
+    worker_db_pool_size: int = Field(4, description="Pooled database connections per worker process.")
+    worker_db_max_overflow: int = Field(
+        4, description="Connections a worker process may open beyond its pool."
+    )
+    db_connect_timeout_s: int = Field(3, description="Seconds to wait for a new database connection.")
+    db_web_pre_ping: bool = Field(
+        False,
+        description="`true`: the API tests each pooled connection before use. Off, each web process "
+        "answers one request 503 after a Postgres restart, then reconnects.",
+    )
+    # Why off: a round trip saved per checkout, 2-3 per request. Workers test a connection before
+    # use when it sat idle or its server hung up on it (models.liveness): a failed statement there
+    # would cost a task retry.
+
+    # -- broker
+    broker_visibility_timeout_s: int = Field(
+        7200,
+        description="Redis: an unacked message returns to its queue after this; keep it above the "
+        "longest time limit plus retry countdown.",
+    )
+    broker_restore_interval_s: int = Field(
+        10, description="Redis: how often unacked messages past the visibility timeout are restored."
+    )
+    broker_closed_transport_guard: bool = Field(
+        True,
+        description="Patch kombu's Redis transport so a channel of a closed connection raises a connection "
+        "error instead of AttributeError: the crash that made a worker exit on a Redis restart "
+        "(tasks.kombu_fixes). Off only to reproduce that crash.",
+    )
+
+    # -- stages, retries and recovery (docs/RELIABILITY.md)
+    text_soft_time_limit_s: int = Field(300, description="Text task soft time limit (raised in the task).")
+    text_time_limit_s: int = Field(360, description="Text task hard time limit (the pool kills the task).")
+    video_soft_time_limit_s: int = Field(1800, description="Video task soft time limit.")
+    video_time_limit_s: int = Field(1900, description="Video task hard time limit.")
+    max_retries: int = Field(3, description="Retries of a transient (model) failure per stage.")
+    retry_backoff_s: float = Field(2.0, description="First retry countdown; doubles per attempt.")
+    retry_backoff_max_s: float = Field(300.0, description="Upper bound of the retry countdown.")
+    progress_interval_s: float = Field(
+        0.5, description="Least time between two progress writes (and cancel checks) of a running stage."
+    )
+    max_stage_attempts: int = Field(
+        6, description="Deliveries of one stage (retries + redeliveries) before the job fails."
+    )
+    infra_max_retries: int = Field(
+        20, description="Database/broker errors inside a task are retried this often."
+    )
+    infra_backoff_s: float = Field(1.0, description="First countdown of an infrastructure-error retry.")
+    infra_backoff_max_s: float = Field(30.0, description="Upper bound of the infrastructure-error countdown.")
+    stage_grace_s: int = Field(
+        120, description="Time past a stage's hard time limit before the reaper calls it stuck."
+    )
+    publish_grace_s: int = Field(
+        60,
+        description="A job committed but unpublished (or failed but uncompensated) this long is "
+        "handled by the reaper.",
+    )
+    queued_timeout_s: int = Field(
+        6 * 3600, description="A job waiting this long for a worker is published again."
+    )
+    max_recoveries: int = Field(3, description="Reaper interventions per job before it fails the job.")
+    reaper_interval_s: float = Field(30.0, description="How often the reaper (beat) runs.")
     lost_message_after_s: int = Field(
         120,
         description=(
@@ -86,35 +166,67 @@ class Settings(BaseSettings):
             "started it counts as lost too. Redis brokers only (RabbitMQ's delivery is atomic)."
         ),
     )
-    degrade_steps_factor: float = 0.5
-    degrade_size_factor: float = 0.5
-    degraded_video_model: str = ""  # a cheaper model for degraded retries; empty: the same model
-    idempotency_ttl_s: int = 24 * 3600
+    degrade_steps_factor: float = Field(
+        0.5, description="`allow_degraded` retries: the video's steps are multiplied by this."
+    )
+    degrade_size_factor: float = Field(
+        0.5, description="`allow_degraded` retries: the video's width and height are multiplied by this."
+    )
+    degraded_video_model: str = Field(
+        "", description="A cheaper video model for degraded retries; empty: the same model."
+    )
+    idempotency_ttl_s: int = Field(
+        24 * 3600, description="How long an `Idempotency-Key` is remembered."
+    )
 
-    # Webhooks (docs/WEBHOOKS.md). Private targets are for development and tests only.
-    webhook_allow_private: bool = False
-    webhook_timeout_s: float = 10.0
-    webhook_retry_schedule_s: list[float] = [5, 300, 1800, 7200, 18000, 36000, 86400]
-    webhook_max_response_bytes: int = 4096
-    webhook_progress_interval_s: float = 2.0
-    webhook_secret_grace_s: float = 24 * 3600
-    webhook_relay_interval_s: float = 10.0
-    webhook_relay_grace_s: float = 30.0  # how overdue work must be before the relay steps in
+    # -- webhooks (docs/WEBHOOKS.md)
+    webhook_allow_private: bool = Field(
+        False, description="Allow webhook targets on private and loopback addresses (development, tests)."
+    )
+    webhook_timeout_s: float = Field(10.0, description="Timeout of one webhook delivery attempt.")
+    webhook_retry_schedule_s: list[float] = Field(
+        [5, 300, 1800, 7200, 18000, 36000, 86400],
+        description="JSON list: the delay before each retry of a failed delivery.",
+    )
+    webhook_max_response_bytes: int = Field(4096, description="Most of a response body that is read.")
+    webhook_progress_interval_s: float = Field(
+        2.0, description="Least time between two `job.progress` events of a job."
+    )
+    webhook_secret_grace_s: float = Field(
+        24 * 3600, description="How long the old secret keeps signing after a rotation."
+    )
+    webhook_relay_interval_s: float = Field(
+        10.0, description="How often the relay looks for deliveries a crash left behind."
+    )
+    webhook_relay_grace_s: float = Field(
+        30.0, description="How overdue a delivery must be before the relay steps in."
+    )
 
-    # Dynamic batching (tasks.batching): concurrent stage executions in one worker share a call.
-    text_batch_max_size: int = 8  # 1 turns text batching off
-    text_batch_max_wait_ms: float = 200.0  # a lone job waits a quarter of it
-    video_batch_max_size: int = 4  # same-shaped video requests only
-    video_batch_max_wait_ms: float = 200.0
+    # -- dynamic batching (tasks.batching): concurrent stage executions in one worker share a call
+    text_batch_max_size: int = Field(8, description="Most text jobs in one model call; 1 turns batching off.")
+    text_batch_max_wait_ms: float = Field(
+        200.0, description="Longest a text job waits for batch-mates (a lone job waits a quarter of it)."
+    )
+    video_batch_max_size: int = Field(4, description="Most same-shaped video requests in one model call.")
+    video_batch_max_wait_ms: float = Field(200.0, description="Longest a video job waits for batch-mates.")
 
-    # Result cache (models.cache): identical seeded requests reuse a finished or running job.
-    cache_enabled: bool = True
-    cache_version: str = "1"  # bump to invalidate every cached result (e.g. new weights, same name)
-    queue_position_ttl_s: float = 1.0  # how long a process reuses its queued-jobs counts
-    max_wait_s: int = 30  # upper bound of `Prefer: wait=N` on submit
-    max_waiters: int = 4  # concurrent `Prefer: wait` requests per web process; more answer at once
+    # -- result cache (models.cache) and waiting
+    cache_enabled: bool = Field(
+        True, description="Identical seeded requests reuse a finished or running job's result."
+    )
+    cache_version: str = Field(
+        "1", description="Bump to invalidate every cached result (e.g. new weights under the same name)."
+    )
+    queue_position_ttl_s: float = Field(
+        1.0, description="How long a web process reuses its queued-jobs counts (`queue_position`)."
+    )
+    max_wait_s: int = Field(30, description="Upper bound of `Prefer: wait=N` on submit.")
+    max_waiters: int = Field(
+        4, description="Concurrent `Prefer: wait` requests per web process; more answer at once."
+    )
 
-    max_body_bytes: int = 64 * 1024
+    # -- request limits and job defaults
+    max_body_bytes: int = Field(64 * 1024, description="Largest request body; larger ones get 413.")
     web_body_timeout_s: float = Field(
         10.0,
         description="Seconds a client has to send a request's whole body once its headers are in; "
@@ -128,35 +240,55 @@ class Settings(BaseSettings):
         description="Deepest nesting of arrays and objects a request body may have (the API's own "
         "bodies need 3); deeper bodies get 400 before they are decoded.",
     )
-    prompt_max_chars: int = 4000
-    default_width: int = 256
-    default_height: int = 256
-    default_num_frames: int = 17
-    default_fps: int = 8
-    default_steps: int = 8
-    default_max_new_tokens: int = 64
+    prompt_max_chars: int = Field(4000, description="Longest prompt in characters, after normalisation.")
+    default_width: int = Field(256, description="Video width when a job does not say.")
+    default_height: int = Field(256, description="Video height when a job does not say.")
+    default_num_frames: int = Field(17, description="Video frames when a job does not say.")
+    default_fps: int = Field(8, description="Video frames per second when a job does not say.")
+    default_steps: int = Field(8, description="Diffusion steps when a job does not say.")
+    default_max_new_tokens: int = Field(64, description="Text tokens generated when a job does not say.")
 
-    # Tenancy, rate limits and admission control (docs/API.md). The default plan: every
-    # tenant gets these unless `genqueue tenants plan` overrides them for it.
-    ratelimit_url: str = ""  # empty: the broker if it is Redis, else redis://127.0.0.1:6379/0
-    # sliding-window-counter: two counters per limit, O(1) in Redis; moving-window keeps every hit
-    # of the window in a list and scans it for each answer's headers (O(limit) per request).
-    ratelimit_strategy: str = "sliding-window-counter"
-    # How long a web process trusts a key it has looked up: a revoked key (or a changed plan)
-    # takes effect within this many seconds; 0 looks every key up on every request.
-    auth_cache_s: float = 5.0
-    plan_rate_limit: str = "100/second;3000/minute"  # per API key: a burst and a sustained rate
-    plan_max_active_jobs: int = 1000  # per tenant: queued + running
-    plan_max_width: int = 1024
-    plan_max_height: int = 1024
-    plan_max_frames: int = 121
-    plan_max_steps: int = 100
-    plan_max_priority: str = "high"
-    plan_max_prompt_chars: int = 4000
-    admission_max_text_backlog: int = 10000  # jobs waiting for the text stage (queued)
-    admission_max_video_backlog: int = 10000  # video jobs not finished yet
-    admission_max_wait_s: float = 0.0  # estimated wait bound; 0 turns it off
-    admission_cache_s: float = 1.0  # how long one process reuses a backlog measurement
+    # -- tenancy, rate limits and admission control (docs/API.md); the default plan: every
+    # tenant gets these unless `genqueue tenants plan` overrides them for it
+    ratelimit_url: str = Field(
+        "",
+        description="Redis for rate limits and quotas, shared by every web process; empty: the broker "
+        "if it is Redis, else `redis://127.0.0.1:6379/0`.",
+    )
+    ratelimit_strategy: str = Field(
+        "sliding-window-counter",
+        description="`sliding-window-counter` (two counters per limit, O(1) in Redis) or `moving-window` "
+        "(every hit of the window kept and scanned: O(limit) per request).",
+    )
+    auth_cache_s: float = Field(
+        5.0,
+        description="How long a web process trusts a key it has looked up: a revoked key (or a changed "
+        "plan) takes effect within this; `0` looks every key up on every request.",
+    )
+    plan_rate_limit: str = Field(
+        "100/second;3000/minute",
+        description="Default plan: requests per API key (a burst and a sustained rate).",
+    )
+    plan_max_active_jobs: int = Field(1000, description="Default plan: a tenant's queued + running jobs.")
+    plan_max_width: int = Field(1024, description="Default plan: largest `params.width`.")
+    plan_max_height: int = Field(1024, description="Default plan: largest `params.height`.")
+    plan_max_frames: int = Field(121, description="Default plan: largest `params.num_frames`.")
+    plan_max_steps: int = Field(100, description="Default plan: largest `params.steps`.")
+    plan_max_priority: str = Field(
+        "high", description="Default plan: highest `priority` (`low` < `normal` < `high`)."
+    )
+    plan_max_prompt_chars: int = Field(4000, description="Default plan: longest prompt in characters.")
+    admission_max_text_backlog: int = Field(
+        10000,
+        description="Jobs waiting for the text stage (queued) above which new jobs get 503 + Retry-After.",
+    )
+    admission_max_video_backlog: int = Field(
+        10000, description="Unfinished video jobs above which new video jobs get 503 + Retry-After."
+    )
+    admission_max_wait_s: float = Field(
+        0.0, description="New jobs whose estimated wait is over this get 503; `0` turns the check off."
+    )
+    admission_cache_s: float = Field(1.0, description="How long one process reuses a backlog measurement.")
 
     @property
     def is_sqlite(self) -> bool:
@@ -170,3 +302,13 @@ class Settings(BaseSettings):
         if self.broker_url.startswith(("redis://", "rediss://")):
             return self.broker_url
         return "redis://127.0.0.1:6379/0"
+
+
+def from_environment() -> Settings:
+    """Settings read afresh from the environment, for code that no caller hands a Settings.
+
+    The adapters the registry builds (the echo video adapter, SmolLM2's cache) and other
+    process-level reads go through here rather than os.environ, so every GENQUEUE_ variable is a
+    documented field. Not cached: tests change the environment of a running process.
+    """
+    return Settings()

@@ -5,14 +5,13 @@ from __future__ import annotations
 from celery import Celery
 
 from models import redaction
-from models.settings import Settings
+from models.settings import Settings, from_environment
 from tasks import kombu_fixes
 from tasks.config import celery_config
 
 
-def create_celery(settings: Settings | None = None, *, set_as_current: bool = True) -> Celery:
+def create_celery(settings: Settings, *, set_as_current: bool = True) -> Celery:
     """Build a configured Celery app. Builds no connection: that happens on first use."""
-    settings = settings or Settings()
     redaction.install()  # workers and publishers alike: no secret in any log line
     # A Redis restart must cost a reconnect, not the worker (kombu bug, see tasks.kombu_fixes).
     if settings.broker_closed_transport_guard:
@@ -22,3 +21,13 @@ def create_celery(settings: Settings | None = None, *, set_as_current: bool = Tr
     # Tasks find their database, artifact directory and models through this.
     app.conf.genqueue_settings = settings
     return app
+
+
+def app_settings(app: Celery) -> Settings:
+    """The Settings `app` was built with (create_celery); tasks and worker signals read them here.
+
+    An app not built by create_celery (Celery's default app, current in a process that has not
+    imported ours) has none: it gets the process's environment, read through Settings.
+    """
+    settings: Settings | None = getattr(getattr(app, "conf", None), "genqueue_settings", None)
+    return settings if settings is not None else from_environment()

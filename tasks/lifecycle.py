@@ -10,6 +10,7 @@ from celery import Celery
 from celery.signals import worker_process_init, worker_ready
 
 from models.settings import Settings
+from tasks.celery_app import app_settings
 from tasks.generators.registry import get_generator
 
 log = logging.getLogger("genqueue.worker")
@@ -26,7 +27,7 @@ def preload_models(settings: Settings) -> list[str]:
 
 
 def _settings(app: Any) -> Settings:
-    return getattr(getattr(app, "conf", None), "genqueue_settings", None) or Settings()
+    return app_settings(app)
 
 
 def _on_process_init(**_: Any) -> None:

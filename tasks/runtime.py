@@ -14,6 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from models.db import make_engine, make_session_factory
 from models.settings import Settings
 from tasks import webhook_dispatch
+from tasks.celery_app import app_settings
 
 
 @dataclass
@@ -38,11 +39,11 @@ def runtime(app: Celery) -> Runtime:
     with _lock:
         rt = _runtimes.get(key)
         if rt is None or rt.pid != os.getpid():
-            settings: Settings = app.conf.genqueue_settings or Settings()
+            settings = app_settings(app)
             engine = make_engine(
                 settings.database_url,
-                pool_size=4,
-                max_overflow=4,
+                pool_size=settings.worker_db_pool_size,
+                max_overflow=settings.worker_db_max_overflow,
                 connect_timeout=settings.db_connect_timeout_s,
             )
             rt = Runtime(settings, engine, make_session_factory(engine), os.getpid())

@@ -2,12 +2,12 @@
 from __future__ import annotations
 
 import hashlib
-import os
 import time
 from collections.abc import Sequence
 
 import numpy as np
 
+from models.settings import from_environment
 from tasks.generators.base import (
     CancelCheck,
     Canceled,
@@ -89,7 +89,7 @@ class EchoVideoGenerator(VideoGenerator):
         should_cancel: CancelCheck | None = None,
     ) -> list[VideoResult]:
         _check_markers(requests)
-        step_s = float(os.environ.get("GENQUEUE_ECHO_STEP_SECONDS") or 0)
+        step_s = from_environment().echo_step_seconds  # per batch: tests set it in a running worker
         results = []
         for idx, req in enumerate(requests):
             started = time.perf_counter()

@@ -17,6 +17,8 @@ import os
 import tempfile
 from typing import Any
 
+from models.settings import from_environment
+
 log = logging.getLogger(__name__)
 
 MAX_PROMPT_TOKENS = 2048  # of the rendered prompt: system prompt, template and the user's text
@@ -45,7 +47,9 @@ def gguf_file() -> tuple[str, str]:
 
 
 def cache_root() -> str:
-    return os.path.expanduser(os.environ.get("GENQUEUE_MODEL_CACHE") or "~/.cache/genqueue/models")
+    """Settings.model_cache, expanded; read here, as the registry builds SmolLM2 (and the API its
+    prompt counter) with no Settings to hand."""
+    return os.path.expanduser(str(from_environment().model_cache))
 
 
 @functools.lru_cache(maxsize=8)
