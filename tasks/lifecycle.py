@@ -10,6 +10,7 @@ from celery import Celery
 from celery.signals import worker_process_init, worker_ready
 
 from models.settings import Settings
+from tasks.contract.stages import spec_for
 from tasks.generators.registry import get_generator
 
 log = logging.getLogger("genqueue.worker")
@@ -19,9 +20,9 @@ def preload_models(settings: Settings) -> list[str]:
     """Load (and warm up) the models named in settings.worker_preload; returns what was loaded."""
     loaded = []
     for kind in filter(None, (k.strip() for k in settings.worker_preload.split(","))):
-        spec = settings.text_model if kind == "text" else settings.video_model
-        gen = get_generator(kind, spec, settings.text_dtype if kind == "text" else "auto")
-        loaded.append(f"{kind}={spec}@{getattr(gen, 'device', '?')}")
+        spec = spec_for(settings, kind)
+        gen = get_generator(spec.stage, spec.model, spec.dtype)
+        loaded.append(f"{kind}={spec.model}@{getattr(gen, 'device', '?')}")
     return loaded
 
 

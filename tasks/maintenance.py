@@ -16,6 +16,7 @@ from models.db import transaction
 from models.recovery import FINISHED_UNSUCCESSFULLY, claim_recovery, log_recovery, undo_recovery
 from models.settings import Settings
 from tasks import compensation, failures, inflight, names
+from tasks.contract.stages import QUEUES
 from tasks.contract.transient import TRANSIENT_ERRORS
 from tasks.publish import publish_job
 from tasks.runtime import Runtime, runtime
@@ -149,7 +150,7 @@ def _lost_messages(rt: Runtime, app: Celery, now: datetime) -> list[tuple[Job, s
         if not jobs:
             continue
         by_task = {names.stage_task_id(str(job.id), stage): job for job in jobs}
-        queue = names.TEXT_QUEUE if stage == Stage.TEXT else names.VIDEO_QUEUE
+        queue = QUEUES[stage]
         try:
             held = s.lost_message_after_s
             live = inflight.live_task_ids(app, queue, by_task, held_for_s=held, at=now.timestamp())
