@@ -10,7 +10,7 @@ from celery.canvas import Signature
 from models import Stage
 from tasks import names
 from tasks.config import broker_priority
-from tasks.contract.stages import TASKS, stages_from
+from tasks.contract.stages import ENTRY_STAGE, TASKS, stages_from
 
 
 def _stage(app: Celery, jid: str, stage: Stage, prio: int | None, errback: Signature) -> Signature:
@@ -32,7 +32,7 @@ def publish_compensation(app: Celery, job_id: uuid.UUID | str) -> None:
 
 
 def publish_job(
-    app: Celery, job_id: uuid.UUID | str, modality: str, priority: str, stage: str = "text"
+    app: Celery, job_id: uuid.UUID | str, modality: str, priority: str, stage: Stage | str = ENTRY_STAGE
 ) -> None:
     """Send the job from `stage` on (text -> video, or the video stage alone for the reaper).
 
