@@ -38,7 +38,7 @@ from app.published import PublishedMarks
 from app.queue import QueueCounts
 from app.schemas import ListQuery, complete_params, field_errors, parse_job
 from app.waiting import Waiters, prefer_wait
-from models import Job, JobStatus, cache, states
+from models import Job, JobStatus, Stage, cache, states
 from models.base import utcnow
 from models.db import autocommit, read_only, transaction
 from models.job import TERMINAL
@@ -375,7 +375,7 @@ def _request_compensation(job_id: uuid.UUID) -> None:
 
 def _revoke(job_id: str) -> None:
     """Best effort: workers skip these messages; a running stage notices the status itself."""
-    ids = [stage_task_id(job_id, stage) for stage in ("text", "video")]
+    ids = [stage_task_id(job_id, stage) for stage in Stage]
     try:
         services().celery.control.revoke(ids)
     except Exception as exc:

@@ -22,22 +22,30 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from celery import Task
 from celery.exceptions import SoftTimeLimitExceeded
 from celery.signals import task_postrun, task_prerun
 
+from models import Stage
 from models.settings import Settings
-from tasks import names
-from tasks.generators.base import CancelCheck, Canceled, StepCallback, TextRequest, VideoRequest
+from tasks.contract.stages import StageSpec, spec_for, stage_of_task
+from tasks.generators.base import (
+    CancelCheck,
+    Canceled,
+    StepCallback,
+    TextGenerator,
+    TextRequest,
+    VideoGenerator,
+    VideoRequest,
+)
 from tasks.generators.registry import get_generator
 
 log = logging.getLogger(__name__)
 
 CANCEL_POLL_S = 1.0  # how often a waiting caller checks its job for a cancel (GIL wake-ups cost the batch)
-BATCHED_TASKS = frozenset({names.GENERATE_TEXT, names.GENERATE_VIDEO})
 
 
 @dataclass(eq=False)
@@ -200,70 +208,68 @@ def _all_gone(batch: list[Item]) -> CancelCheck:
     return lambda: all(i.gone() for i in batch)
 
 
-def _text_runner(spec: str, dtype: str) -> RunBatch:
-    def run(batch: list[Item]) -> Sequence[Any]:
-        gen = get_generator("text", spec, dtype)
-        results: Sequence[Any] = gen.generate([i.request for i in batch], should_cancel=_all_gone(batch))
-        return results
+def _generate(
+    gen: TextGenerator | VideoGenerator,
+    requests: Sequence[Any],
+    on_step: StepCallback | None,
+    should_cancel: CancelCheck | None,
+) -> Sequence[Any]:
+    """One generate() call; only video adapters report steps (the text contract takes no on_step)."""
+    if isinstance(gen, VideoGenerator):
+        return gen.generate(requests, on_step=on_step, should_cancel=should_cancel)
+    return gen.generate(requests, should_cancel=should_cancel)
 
-    return run
 
-
-def _video_runner(spec: str) -> RunBatch:
+def _runner(spec: StageSpec) -> RunBatch:
     def run(batch: list[Item]) -> Sequence[Any]:
         def on_step(index: int, step: int, total: int) -> None:
             callback = batch[index].on_step
             if callback is not None:
                 callback(step, total)
 
-        gen = get_generator("video", spec)
-        results: Sequence[Any] = gen.generate(
-            [i.request for i in batch], on_step=on_step, should_cancel=_all_gone(batch)
-        )
-        return results
+        gen = get_generator(spec.stage, spec.model, spec.dtype)
+        return _generate(gen, [i.request for i in batch], on_step, _all_gone(batch))
 
     return run
 
 
-def _video_shape(req: VideoRequest) -> Hashable:
-    return (req.width, req.height, req.num_frames, req.steps, req.guidance_scale)
+def _shape_key(fields: tuple[str, ...]) -> Callable[[Any], Hashable]:
+    """Requests with equal `fields` may share a call (a video batch needs one size and step count)."""
+    return lambda req: tuple(getattr(req, f) for f in fields)
 
 
-def batcher_for(kind: str, settings: Settings, model: str | None = None) -> MicroBatcher:
+def _spec(settings: Settings, stage: Stage | str, model: str | None) -> StageSpec:
+    spec = spec_for(settings, stage)
+    return replace(spec, model=model) if model else spec
+
+
+def batcher_for(stage: Stage | str, settings: Settings, model: str | None = None) -> MicroBatcher:
     """The batcher of this process for `model`, by default the configured one (created on first use)."""
-    spec = model or (settings.text_model if kind == "text" else settings.video_model)
-    key = (kind, spec, os.getpid())  # a forked child builds its own thread
+    spec = _spec(settings, stage, model)
+    key = (spec.stage, spec.model, os.getpid())  # a forked child builds its own thread
     with _lock:
         b = _batchers.get(key)
         if b is None:
-            if kind == "text":
-                b = MicroBatcher(
-                    f"text:{spec}",
-                    _text_runner(spec, settings.text_dtype),
-                    settings.text_batch_max_size,
-                    settings.text_batch_max_wait_ms / 1000,
-                )
-            else:
-                b = MicroBatcher(
-                    f"video:{spec}",
-                    _video_runner(spec),
-                    settings.video_batch_max_size,
-                    settings.video_batch_max_wait_ms / 1000,
-                    key=_video_shape,
-                )
+            b = MicroBatcher(
+                f"{spec.stage}:{spec.model}",
+                _runner(spec),
+                spec.batch_max_size,
+                spec.batch_max_wait_s,
+                key=_shape_key(spec.batch_shape),
+            )
             _batchers[key] = b
         return b
 
 
-def _soft_limit(task: Task[Any, Any], settings: Settings, kind: str) -> float:
+def _soft_limit(task: Task[Any, Any], spec: StageSpec) -> float:
     timelimit = getattr(task.request, "timelimit", None) or (None, None)
-    default = settings.text_soft_time_limit_s if kind == "text" else settings.video_soft_time_limit_s
-    return float(timelimit[1] or getattr(task, "soft_time_limit", None) or default)
+    return float(timelimit[1] or getattr(task, "soft_time_limit", None) or spec.soft_time_limit_s)
 
 
 def run_batched(
     task: Task[Any, Any],
     settings: Settings,
+    stage: Stage,
     request: TextRequest | VideoRequest,
     should_cancel: CancelCheck | None = None,
     on_step: StepCallback | None = None,
@@ -273,25 +279,21 @@ def run_batched(
 
     `model` overrides the configured model (a degraded retry's fallback gets its own batcher).
     """
-    kind = "text" if isinstance(request, TextRequest) else "video"
+    spec = _spec(settings, stage, model)
     if threading.current_thread() is threading.main_thread():
         # A prefork child or the solo pool runs one task per process: nobody to batch with, and
         # the soft time limit (a signal to this thread) must interrupt generate() itself.
-        if isinstance(request, TextRequest):  # narrows the request and the adapter's type together
-            text = get_generator("text", model or settings.text_model, settings.text_dtype)
-            [text_result] = text.generate([request], should_cancel=should_cancel)
-            return text_result
-        video = get_generator("video", model or settings.video_model)
-        [video_result] = video.generate([request], on_step=on_step, should_cancel=should_cancel)
-        return video_result
-    batcher = batcher_for(kind, settings, model)
+        gen = get_generator(spec.stage, spec.model, spec.dtype)
+        [result] = _generate(gen, [request], on_step, should_cancel)
+        return result
+    batcher = batcher_for(stage, settings, model)
     started = getattr(_local, "started", None) or time.monotonic()
     expected = getattr(_local, "batcher", None) is batcher
     _local.batcher = None
     step = (lambda s, t: on_step(0, s, t)) if on_step is not None else None
     return batcher.submit(
         request,
-        deadline=started + _soft_limit(task, settings, kind),
+        deadline=started + _soft_limit(task, spec),
         should_cancel=should_cancel,
         on_step=step,
         expected=expected,
@@ -303,13 +305,13 @@ def _on_prerun(task: Any = None, **_: Any) -> None:
     # reading their job instead of leaving without them.
     _local.started = time.monotonic()
     _local.batcher = None
-    name = getattr(task, "name", None)
-    if name not in BATCHED_TASKS:
+    stage = stage_of_task(getattr(task, "name", None))
+    if stage is None:
         return
     settings: Settings | None = getattr(task.app.conf, "genqueue_settings", None)
     if settings is None:
         return
-    batcher = batcher_for("text" if name == names.GENERATE_TEXT else "video", settings)
+    batcher = batcher_for(stage, settings)
     batcher.expect()
     _local.batcher = batcher
 

@@ -8,6 +8,7 @@ from kombu import Queue
 
 from models.settings import Settings
 from tasks import names
+from tasks.contract.stages import stage_specs
 from tasks.webhook_dispatch import beat_schedule as webhook_beat_schedule
 
 # Job priority -> broker priority. Redis sorts 0 first; RabbitMQ delivers higher numbers first.
@@ -26,6 +27,7 @@ def broker_priority(priority: str, broker_url: str) -> int:
 
 def celery_config(s: Settings) -> dict[str, Any]:
     amqp = is_amqp(s.broker_url)
+    specs = stage_specs(s)
     queue_args = {"x-max-priority": 10} if amqp else None
     transport: dict[str, Any] = {}
     if s.broker_url.startswith("redis"):
@@ -81,8 +83,7 @@ def celery_config(s: Settings) -> dict[str, Any]:
         "task_queues": [Queue(q, routing_key=q, queue_arguments=queue_args) for q in names.ALL_QUEUES],
         "task_default_queue": names.DEFAULT_QUEUE,
         "task_routes": {
-            names.GENERATE_TEXT: {"queue": names.TEXT_QUEUE},
-            names.GENERATE_VIDEO: {"queue": names.VIDEO_QUEUE},
+            **{spec.task: {"queue": spec.queue} for spec in specs.values()},
             names.COMPENSATE: {"queue": names.DEFAULT_QUEUE},
             names.DELIVER_WEBHOOK: {"queue": names.WEBHOOKS_QUEUE},
             names.RELAY_WEBHOOKS: {"queue": names.WEBHOOKS_QUEUE},
@@ -92,14 +93,8 @@ def celery_config(s: Settings) -> dict[str, Any]:
         "task_queue_max_priority": 10,
         "task_default_priority": broker_priority("normal", s.broker_url),
         "task_annotations": {
-            names.GENERATE_TEXT: {
-                "soft_time_limit": s.text_soft_time_limit_s,
-                "time_limit": s.text_time_limit_s,
-            },
-            names.GENERATE_VIDEO: {
-                "soft_time_limit": s.video_soft_time_limit_s,
-                "time_limit": s.video_time_limit_s,
-            },
+            spec.task: {"soft_time_limit": spec.soft_time_limit_s, "time_limit": spec.time_limit_s}
+            for spec in specs.values()
         },
         # Model loading in worker_process_init takes longer than the 4 s default allows.
         "worker_proc_alive_timeout": 600,

@@ -18,6 +18,7 @@ from models.db import transaction
 from models.recovery import degrade, record_retry
 from models.settings import Settings
 from tasks import compensation
+from tasks.contract.stages import spec_for
 from tasks.contract.transient import TRANSIENT_ERRORS, is_transient
 from tasks.generators.base import Canceled, GeneratorError, OutOfMemory, VideoRequest
 from tasks.generators.registry import release_memory
@@ -35,8 +36,9 @@ def backoff(base: float, cap: float, retries: int) -> float:
     return random.uniform(ceiling / 2, ceiling)
 
 
-def hard_limit(settings: Settings, stage: str | None) -> int:
-    return settings.video_time_limit_s if stage == Stage.VIDEO else settings.text_time_limit_s
+def hard_limit(settings: Settings, stage: Stage) -> int:
+    """The stage's hard time limit: how long a running stage can take before it is overdue."""
+    return spec_for(settings, stage).time_limit_s
 
 
 def _retry(task: Task[Any, Any], countdown: float, exc: Exception) -> NoReturn:
@@ -92,7 +94,8 @@ def handle(
     oom, timeout = isinstance(exc, OutOfMemory), isinstance(exc, SoftTimeLimitExceeded)
     if oom or timeout:
         release_memory()  # so the retry, or this worker's next task, fits
-    if stage == Stage.VIDEO and (oom or timeout) and video_request is not None:
+    # Only a stage with a request the degrade plan can shrink passes one (the video stage).
+    if (oom or timeout) and video_request is not None:
         from tasks.degrade import plan  # here: the degrade path is rare
 
         record = plan(job, video_request, settings, "out_of_memory" if oom else "timeout")

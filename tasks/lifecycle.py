@@ -11,6 +11,7 @@ from celery.signals import worker_process_init, worker_ready
 
 from models.settings import Settings
 from tasks.celery_app import app_settings
+from tasks.contract.stages import spec_for
 from tasks.generators.registry import get_generator
 
 log = logging.getLogger("genqueue.worker")
@@ -20,9 +21,9 @@ def preload_models(settings: Settings) -> list[str]:
     """Load (and warm up) the models named in settings.worker_preload; returns what was loaded."""
     loaded = []
     for kind in filter(None, (k.strip() for k in settings.worker_preload.split(","))):
-        spec = settings.text_model if kind == "text" else settings.video_model
-        gen = get_generator(kind, spec, settings.text_dtype if kind == "text" else "auto")
-        loaded.append(f"{kind}={spec}@{getattr(gen, 'device', '?')}")
+        spec = spec_for(settings, kind)
+        gen = get_generator(spec.stage, spec.model, spec.dtype)
+        loaded.append(f"{kind}={spec.model}@{getattr(gen, 'device', '?')}")
     return loaded
 
 

@@ -16,6 +16,7 @@ from models.db import transaction
 from models.recovery import FINISHED_UNSUCCESSFULLY, claim_recovery, log_recovery, undo_recovery
 from models.settings import Settings
 from tasks import compensation, failures, inflight, names
+from tasks.contract.stages import ENTRY_STAGE, QUEUES
 from tasks.contract.transient import TRANSIENT_ERRORS
 from tasks.publish import publish_job
 from tasks.runtime import Runtime, runtime
@@ -88,11 +89,11 @@ def reap(rt: Runtime, app: Celery, now: datetime | None = None) -> dict[str, int
             .limit(BATCH)
         ).all()
     for job in overdue:
-        counts[_recover(rt, app, job, job.stage or "text", "stage_timeout", "overdue")] += 1
+        counts[_recover(rt, app, job, job.stage or ENTRY_STAGE, "stage_timeout", "overdue")] += 1
     for job in unpublished:
-        counts[_recover(rt, app, job, "text", "not_published", "unpublished")] += 1
+        counts[_recover(rt, app, job, ENTRY_STAGE, "not_published", "unpublished")] += 1
     for job in stale:
-        counts[_recover(rt, app, job, "text", "queue_timeout", "stale_queued")] += 1
+        counts[_recover(rt, app, job, ENTRY_STAGE, "queue_timeout", "stale_queued")] += 1
     for job, stage in _lost_messages(rt, app, now):
         counts[_recover(rt, app, job, stage, "message_lost", "lost_message")] += 1
     for job_id in uncompensated:
@@ -149,7 +150,7 @@ def _lost_messages(rt: Runtime, app: Celery, now: datetime) -> list[tuple[Job, s
         if not jobs:
             continue
         by_task = {names.stage_task_id(str(job.id), stage): job for job in jobs}
-        queue = names.TEXT_QUEUE if stage == Stage.TEXT else names.VIDEO_QUEUE
+        queue = QUEUES[stage]
         try:
             held = s.lost_message_after_s
             live = inflight.live_task_ids(app, queue, by_task, held_for_s=held, at=now.timestamp())

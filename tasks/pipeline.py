@@ -14,11 +14,12 @@ from typing import Any
 
 from celery import Task, shared_task
 
-from models import Job, Modality, Stage, states
+from models import Job, Stage, states
 from models.db import transaction
 from models.recovery import deadline_in, entry_deadline
 from tasks import artifacts, compensation, degrade, failures, names
 from tasks.batching import run_batched
+from tasks.contract.stages import ENTRY_STAGE, is_final
 from tasks.generators.base import TextRequest, VideoRequest
 from tasks.runtime import Runtime, runtime
 from tasks.watch import JobWatch
@@ -35,7 +36,8 @@ def _enter_stage(rt: Runtime, job_id: uuid.UUID, stage: Stage) -> Job | None:
     deadline = entry_deadline(failures.hard_limit(s_, stage) + s_.stage_grace_s, s_.max_stage_attempts)
     with transaction(rt.sessions) as s:
         # One UPDATE ... RETURNING does the move, the attempt count and the deadline together.
-        job = states.start_text(s, job_id, deadline_at=deadline) if stage == Stage.TEXT else None
+        # Only the entry stage moves a queued job to running; every later one resumes it.
+        job = states.start_text(s, job_id, deadline_at=deadline) if stage == ENTRY_STAGE else None
         if job is None:
             job = states.resume_stage(s, job_id, stage, deadline_at=deadline)
         if job is None:
@@ -77,12 +79,12 @@ def _text_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID) -> None:
     watch = JobWatch(rt, jid, Stage.TEXT)
     try:
         started = time.monotonic()
-        result = run_batched(self, rt.settings, request, should_cancel=watch.canceled)
+        result = run_batched(self, rt.settings, Stage.TEXT, request, should_cancel=watch.canceled)
         if result.error is not None:
             raise result.error
     except Exception as exc:
         failures.handle(self, rt, job, Stage.TEXT, exc)
-    final = job.modality == Modality.TEXT
+    final = is_final(job.modality, Stage.TEXT)
     with transaction(rt.sessions) as s:
         states.complete_text(
             s,
@@ -129,8 +131,9 @@ def _video_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID) -> None:
     try:
         started = time.monotonic()
         result = run_batched(
-            self, s_, run_request, should_cancel=watch.canceled, on_step=watch.on_step, model=model
-        )
+            self, s_, Stage.VIDEO, run_request,
+            should_cancel=watch.canceled, on_step=watch.on_step, model=model,
+        )  # fmt: skip
         if result.error is not None:
             raise result.error
         seconds = round(time.monotonic() - started, 3)

@@ -7,15 +7,16 @@ import uuid
 from celery import Celery
 from celery.canvas import Signature
 
+from models import Stage
 from tasks import names
 from tasks.config import broker_priority
+from tasks.contract.stages import ENTRY_STAGE, TASKS, stages_from
 
 
-def _stage(app: Celery, jid: str, stage: str, prio: int | None, errback: Signature) -> Signature:
+def _stage(app: Celery, jid: str, stage: Stage, prio: int | None, errback: Signature) -> Signature:
     """One stage's task: a fixed id per job and stage (duplicates are recognisable), the errback."""
-    name = names.GENERATE_TEXT if stage == "text" else names.GENERATE_VIDEO
     return app.signature(
-        name, args=(jid,), immutable=True, task_id=names.stage_task_id(jid, stage), priority=prio,
+        TASKS[stage], args=(jid,), immutable=True, task_id=names.stage_task_id(jid, stage), priority=prio,
         link_error=[errback],
     )  # fmt: skip
 
@@ -31,11 +32,12 @@ def publish_compensation(app: Celery, job_id: uuid.UUID | str) -> None:
 
 
 def publish_job(
-    app: Celery, job_id: uuid.UUID | str, modality: str, priority: str, stage: str = "text"
+    app: Celery, job_id: uuid.UUID | str, modality: str, priority: str, stage: Stage | str = ENTRY_STAGE
 ) -> None:
     """Send the job from `stage` on (text -> video, or the video stage alone for the reaper).
 
-    The text task carries the video task as its chain, exactly what chain(text, video) sends,
+    The stages come from the modality's pipeline (tasks.contract.stages.PIPELINES). The first
+    task carries the rest as its chain, exactly what chain(text, video) sends,
     built directly: the canvas's generic preparation cost a fifth of the publish. Raises
     kombu/OS errors if the broker cannot take it in time: broker_connection_timeout per try,
     two quick retries, so a broker outage becomes a 503 within seconds, not a hung request.
@@ -43,9 +45,10 @@ def publish_job(
     jid = str(job_id)
     prio = broker_priority(priority, app.conf.broker_url)
     errback = app.signature(names.COMPENSATE, args=(jid,), immutable=True)
-    start = "video" if stage == "video" else "text"
+    start, *rest = stages_from(modality, stage)
     first = _stage(app, jid, start, prio, errback)
-    then = [_stage(app, jid, "video", prio, errback)] if start == "text" and modality != "text" else None
+    # A message's chain is a stack: the next task is popped from its end.
+    then = [_stage(app, jid, later, prio, errback) for later in reversed(rest)] or None
     assert first.task is not None  # _stage names it
     app.send_task(
         first.task,

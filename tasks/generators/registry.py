@@ -95,8 +95,8 @@ def loaded() -> dict[tuple[str, str, str], Generator]:
 def side_multiple(spec: str) -> int:
     """What video sides must be multiples of for model `spec`: the loaded adapter's own rule when
     this process has it (a folder model learns its rule from the pipeline), else the catalog's."""
-    for (kind, loaded_spec, _), gen in list(_loaded.items()):
-        if kind == "video" and loaded_spec == spec and isinstance(gen, VideoGenerator):
+    for (_, loaded_spec, _), gen in list(_loaded.items()):
+        if loaded_spec == spec and isinstance(gen, VideoGenerator):
             return int(gen.spatial_multiple)
     return catalog.side_multiple(spec)
 

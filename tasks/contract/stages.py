@@ -1,0 +1,105 @@
+"""One spec per pipeline stage (task, queue, model, time limits, batching), looked up instead of branched on.
+
+Adding a stage (image, storyboard shots) means a member of models.Stage, its task and queue name
+below, a `StageSpec` in `stage_specs`, and its place in the PIPELINES of the modalities that run it;
+the publisher, the Celery routes and limits, the batcher, the preloader and the failure policy
+read it from here. Torch-free and light, so app/ may import it; nothing runs at import time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from models.job import Modality, Stage
+from models.settings import Settings
+from tasks import names
+
+# Wire names: renaming one strands the messages already queued (see tasks.names).
+TASKS: Mapping[Stage, str] = {Stage.TEXT: names.GENERATE_TEXT, Stage.VIDEO: names.GENERATE_VIDEO}
+QUEUES: Mapping[Stage, str] = {Stage.TEXT: names.TEXT_QUEUE, Stage.VIDEO: names.VIDEO_QUEUE}
+
+# The stages each modality runs, in order: the first is where a job enters (queued -> running),
+# the last is the one that finishes it.
+PIPELINES: Mapping[Modality, tuple[Stage, ...]] = {
+    Modality.TEXT: (Stage.TEXT,),
+    Modality.VIDEO: (Stage.TEXT, Stage.VIDEO),
+}
+ENTRY_STAGE = Stage.TEXT  # every pipeline starts here (models.states.start_text)
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """What the code needs to know about one stage, read from Settings."""
+
+    stage: Stage
+    task: str  # the stable Celery task name
+    queue: str
+    model: str  # registered model name or local directory (tasks.generators.registry)
+    dtype: str  # "auto": the adapter picks
+    soft_time_limit_s: int  # SoftTimeLimitExceeded -> the `timeout` failure (or a degraded retry)
+    time_limit_s: int  # the hard limit: the pool kills the task; overdue deadlines derive from it
+    batch_max_size: int  # 1 turns batching off
+    batch_max_wait_s: float
+    # Request fields that must be equal for requests to share one generate() call.
+    batch_shape: tuple[str, ...] = ()
+
+
+def stage_specs(settings: Settings) -> Mapping[Stage, StageSpec]:
+    """Every stage's spec under these settings (cheap: build it where needed, no caching)."""
+    s = settings
+    return {
+        Stage.TEXT: StageSpec(
+            stage=Stage.TEXT,
+            task=TASKS[Stage.TEXT],
+            queue=QUEUES[Stage.TEXT],
+            model=s.text_model,
+            dtype=s.text_dtype,
+            soft_time_limit_s=s.text_soft_time_limit_s,
+            time_limit_s=s.text_time_limit_s,
+            batch_max_size=s.text_batch_max_size,
+            batch_max_wait_s=s.text_batch_max_wait_ms / 1000,
+        ),
+        Stage.VIDEO: StageSpec(
+            stage=Stage.VIDEO,
+            task=TASKS[Stage.VIDEO],
+            queue=QUEUES[Stage.VIDEO],
+            model=s.video_model,
+            dtype="auto",  # the video adapters choose their own (GENQUEUE_TEXT_DTYPE is text only)
+            soft_time_limit_s=s.video_soft_time_limit_s,
+            time_limit_s=s.video_time_limit_s,
+            batch_max_size=s.video_batch_max_size,
+            batch_max_wait_s=s.video_batch_max_wait_ms / 1000,
+            batch_shape=("width", "height", "num_frames", "steps", "guidance_scale"),
+        ),
+    }
+
+
+def as_stage(value: str) -> Stage:
+    """A stage name from the edges (settings, messages, database rows) as a Stage; ValueError if unknown."""
+    try:
+        return Stage(value)
+    except ValueError:
+        raise ValueError(f"unknown stage {value!r}; expected one of {', '.join(Stage)}") from None
+
+
+def spec_for(settings: Settings, stage: Stage | str) -> StageSpec:
+    """The spec of one stage (a plain string is converted here, at the edge)."""
+    return stage_specs(settings)[as_stage(stage)]
+
+
+def stage_of_task(task_name: str | None) -> Stage | None:
+    """The stage a task name runs, None for the tasks that are not a stage (compensate, webhooks...)."""
+    return next((stage for stage, name in TASKS.items() if name == task_name), None)
+
+
+def stages_from(modality: str, start: Stage | str = ENTRY_STAGE) -> tuple[Stage, ...]:
+    """The stages a `modality` job still runs from `start` on (the reaper republishes mid-pipeline)."""
+    stages = PIPELINES[Modality(modality)]
+    first = as_stage(start)
+    return stages[stages.index(first) :] if first in stages else (first,)
+
+
+def is_final(modality: str, stage: Stage) -> bool:
+    """Whether finishing `stage` finishes a `modality` job."""
+    return PIPELINES[Modality(modality)][-1] == stage

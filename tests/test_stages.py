@@ -1,0 +1,126 @@
+"""The stage specs: built from Settings, and what routing, limits, publishing and batching read."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from celery import Celery
+
+from models import Modality, Stage
+from models.settings import Settings
+from tasks import failures, names
+from tasks.batching import batcher_for
+from tasks.config import celery_config
+from tasks.contract.stages import (
+    ENTRY_STAGE,
+    PIPELINES,
+    is_final,
+    spec_for,
+    stage_of_task,
+    stage_specs,
+    stages_from,
+)
+from tasks.generators.base import TextRequest, VideoRequest
+from tasks.publish import publish_job
+
+
+def _settings(**overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "broker_url": "memory://",
+        "text_model": "echo",
+        "video_model": "echo",
+        "text_dtype": "bfloat16",
+        "text_soft_time_limit_s": 11,
+        "text_time_limit_s": 12,
+        "video_soft_time_limit_s": 21,
+        "video_time_limit_s": 22,
+        "text_batch_max_size": 3,
+        "text_batch_max_wait_ms": 30.0,
+        "video_batch_max_size": 2,
+        "video_batch_max_wait_ms": 40.0,
+    }
+    return Settings(**(values | overrides))
+
+
+def test_each_stage_has_one_spec_read_from_settings() -> None:
+    specs = stage_specs(_settings())
+    assert set(specs) == set(Stage)
+    text, video = specs[Stage.TEXT], specs[Stage.VIDEO]
+    assert (text.task, text.queue, text.model) == (names.GENERATE_TEXT, "text", "echo")
+    assert text.dtype == "bfloat16"
+    assert (text.soft_time_limit_s, text.time_limit_s, text.batch_max_size, text.batch_max_wait_s) == (
+        11, 12, 3, 0.03,
+    )  # fmt: skip
+    assert (video.task, video.queue, video.dtype) == (names.GENERATE_VIDEO, "video", "auto")
+    assert (video.soft_time_limit_s, video.time_limit_s, video.batch_max_size, video.batch_max_wait_s) == (
+        21, 22, 2, 0.04,
+    )  # fmt: skip
+    assert failures.hard_limit(_settings(), Stage.VIDEO) == 22
+    assert spec_for(_settings(), "text") == text  # strings from the edges are converted
+
+
+def test_unknown_stage_is_named() -> None:
+    with pytest.raises(ValueError, match="unknown stage 'image'"):
+        spec_for(_settings(), "image")
+    assert stage_of_task(names.GENERATE_VIDEO) is Stage.VIDEO
+    assert stage_of_task(names.COMPENSATE) is None
+
+
+def test_celery_routes_and_limits_come_from_the_specs() -> None:
+    settings = _settings()
+    conf = celery_config(settings)
+    for spec in stage_specs(settings).values():
+        assert spec.queue in names.ALL_QUEUES
+        assert conf["task_routes"][spec.task] == {"queue": spec.queue}
+        assert conf["task_annotations"][spec.task] == {
+            "soft_time_limit": spec.soft_time_limit_s,
+            "time_limit": spec.time_limit_s,
+        }
+
+
+def test_pipelines_enter_at_the_entry_stage() -> None:
+    assert set(PIPELINES) == set(Modality)
+    assert all(stages[0] is ENTRY_STAGE for stages in PIPELINES.values())
+    assert stages_from("video") == (Stage.TEXT, Stage.VIDEO)
+    assert stages_from("video", "video") == (Stage.VIDEO,)
+    assert stages_from("text") == (Stage.TEXT,)
+    assert stages_from("text", "video") == (Stage.VIDEO,)  # the reaper republishing a stray stage
+    assert is_final("text", Stage.TEXT) and is_final("video", Stage.VIDEO)
+    assert not is_final("video", Stage.TEXT)
+
+
+@pytest.mark.parametrize(
+    ("modality", "start", "first", "chain"),
+    [
+        ("text", "text", names.GENERATE_TEXT, None),
+        ("video", "text", names.GENERATE_TEXT, [names.GENERATE_VIDEO]),
+        ("video", "video", names.GENERATE_VIDEO, None),
+    ],
+)
+def test_publish_sends_the_modalitys_stages(
+    monkeypatch: pytest.MonkeyPatch, modality: str, start: str, first: str, chain: list[str] | None
+) -> None:
+    app = Celery("stages-test", broker="memory://")
+    sent: list[tuple[str, dict[str, Any]]] = []
+    monkeypatch.setattr(app, "send_task", lambda name, **kw: sent.append((name, kw)))
+    publish_job(app, "j1", modality, "normal", stage=start)
+    [(name, kw)] = sent
+    assert name == first and kw["task_id"] == f"j1.{start}"
+    assert [sig["task"] for sig in kw["chain"] or []] == (chain or [])
+    for sig in kw["chain"] or []:
+        assert sig.options["task_id"] == f"j1.{stage_of_task(sig['task'])}"
+
+
+def test_batchers_take_their_knobs_and_shape_from_the_spec() -> None:
+    settings = _settings()
+    video = batcher_for(Stage.VIDEO, settings, model="stages-test-video")
+    assert (video.max_size, video.max_wait_s) == (2, 0.04)
+    key = video._key
+    # Same size and steps share a call whatever the prompt and seed; another size does not.
+    assert key(VideoRequest("a", width=256, seed=1)) == key(VideoRequest("b", width=256, seed=2))
+    assert key(VideoRequest("a", width=256)) != key(VideoRequest("a", width=512))
+    assert key(VideoRequest("a", steps=4)) != key(VideoRequest("a", steps=8))
+    text = batcher_for("text", settings, model="stages-test-text")
+    assert (text.max_size, text.max_wait_s, text.name) == (3, 0.03, "text:stages-test-text")
+    assert text._key(TextRequest("a", max_new_tokens=8)) == text._key(TextRequest("b", max_new_tokens=64))
