@@ -17,7 +17,7 @@ from sqlalchemy import func, select
 from app import create_app
 from models import Job, JobEvent, JobStatus, states
 from models.db import transaction
-from tests.conftest import authed_client_class
+from tests.support.api import authed_client_class
 
 CLOSED_DB = "postgresql+psycopg://postgres@127.0.0.1:1/nothing"
 CLOSED_BROKER = "redis://127.0.0.1:1/0"

@@ -13,7 +13,8 @@ import pytest
 from app import create_app
 from models import Job
 from models.cache import cache_key
-from tests.support.jobs import broker_idle, thread_workers
+from tests.support.jobs import broker_idle
+from tests.support.workers import thread_workers
 from tests.test_api_jobs import broker_messages
 
 
@@ -137,7 +138,7 @@ def test_cache_false_unseeded_or_different_requests_compute(client, worker) -> N
 
 
 def test_a_model_change_invalidates_the_cache(client, worker, settings, sessions, api_key) -> None:
-    from tests.conftest import authed_client_class
+    from tests.support.api import authed_client_class
 
     first = submit(client).get_json()
     wait_done(client, first["id"])

@@ -23,7 +23,7 @@ def real_settings(settings):
 @pytest.fixture
 def real_client(real_settings, sessions, broker, api_key):
     from app import create_app
-    from tests.conftest import authed_client_class
+    from tests.support.api import authed_client_class
 
     flask_app = create_app(real_settings)
     flask_app.test_client_class = authed_client_class(api_key)

@@ -16,7 +16,7 @@ from app.admission import admission
 from models import Job, JobStatus, states
 from models.base import utcnow
 from models.db import transaction
-from tests.conftest import authed_client_class
+from tests.support.api import authed_client_class
 
 
 @pytest.fixture
@@ -100,7 +100,7 @@ def test_limits_are_per_key_and_submits_count(tenant_client, sessions):
 
 
 def test_counters_are_shared_by_every_web_process(make_app, tenant_client, sessions):
-    from tests.conftest import make_api_key
+    from tests.support.api import make_api_key
 
     key = make_api_key(sessions, "acme", rate_limit="3/minute")
     a, b = make_app(), make_app()  # two apps, as two gunicorn workers would be
@@ -149,7 +149,7 @@ def test_quota_counts_queued_and_running_jobs(tenant_client, sessions):
 
 
 def test_quota_holds_under_concurrent_submits(app, tenant_client, sessions):
-    from tests.conftest import make_api_key
+    from tests.support.api import make_api_key
 
     key = make_api_key(sessions, "acme", max_active_jobs=3)
     statuses: list[int] = []
@@ -200,7 +200,7 @@ def test_quota_reconciles_a_large_set_a_chunk_at_a_time(app, tenant_client, sess
 
 
 def test_quota_slot_is_released_when_the_job_is_not_accepted(make_app, sessions, settings):
-    from tests.conftest import make_api_key
+    from tests.support.api import make_api_key
 
     key = make_api_key(sessions, "acme", max_active_jobs=1)
     # The broker is down, the quota store is not: the slot is reserved, then the publish fails.

@@ -12,7 +12,7 @@ from sqlalchemy.engine import make_url
 from app import create_app
 from models.redaction import redact
 from tasks.celery_app import create_celery
-from tests.conftest import authed_client_class, make_api_key
+from tests.support.api import authed_client_class, make_api_key
 
 DB_PASSWORD = "S3cret-db-pw-7f2c"
 WEBHOOK_SECRET = "whsec_MfKQ9r8GKYqrfNvbnOCsYvVKr6kfWUwM"

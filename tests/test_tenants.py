@@ -16,7 +16,7 @@ from models.db import make_session_factory, transaction
 from models.keys import authenticate, create_key, hash_key
 from models.migrate import alembic_config, upgrade
 from models.tenant import DEFAULT_TENANT_ID
-from tests.conftest import authed_client_class, make_api_key
+from tests.support.api import authed_client_class, make_api_key
 
 
 def problem(resp, status: int) -> dict:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +12,6 @@ from sqlalchemy import select
 
 from models import Job, JobEvent, states
 from models.db import transaction
-from models.settings import Settings
 
 SMALL_VIDEO = {"width": 64, "height": 48, "num_frames": 5, "fps": 6, "steps": 3}
 FINISHED = ("succeeded", "failed", "canceled")
@@ -97,23 +94,3 @@ def broker_idle(client: Any) -> bool:
         if name.split("\x06\x16")[0] in ALL_QUEUES and client.llen(key):
             return False
     return True
-
-
-@contextmanager
-def thread_workers(settings: Settings, **overrides: Any) -> Iterator[Celery]:
-    """A real Celery worker (threads pool, every queue) on settings with `overrides`."""
-    from celery.contrib.testing.worker import start_worker
-
-    import tasks.maintenance
-    import tasks.pipeline  # noqa: F401  registers the tasks
-    from tasks.celery_app import create_celery
-
-    app = create_celery(settings.model_copy(update=overrides), set_as_current=False)
-    with ExitStack() as stack:
-        stack.enter_context(
-            start_worker(
-                app, pool="threads", concurrency=4, perform_ping_check=False,
-                shutdown_timeout=30, loglevel="WARNING",
-            )
-        )  # fmt: skip
-        yield app

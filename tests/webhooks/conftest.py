@@ -28,7 +28,7 @@ def hooks(settings, overrides):
 @pytest.fixture
 def hook_client(hooks, sessions, broker, api_key):
     from app import create_app
-    from tests.conftest import authed_client_class
+    from tests.support.api import authed_client_class
 
     flask_app = create_app(hooks)
     flask_app.testing = True

@@ -16,7 +16,7 @@ from models import Job
 from models.migrate import alembic_config, downgrade, upgrade
 from models.tenant import DEFAULT_TENANT_ID
 from models.webhook import WebhookDelivery, WebhookEndpoint, WebhookMessage
-from tests.conftest import authed_client_class, make_api_key
+from tests.support.api import authed_client_class, make_api_key
 from tests.webhooks.helpers import Receiver, deliveries, secret, serve, submit, wait_job
 
 
