@@ -11,36 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flask import Flask
 from sqlalchemy import func, select
 
-from app import create_app
 from models import Job, JobEvent, JobStatus, states
 from models.db import transaction
-from tests.support.api import authed_client_class
+from tests.support.api import submit
 
 CLOSED_DB = "postgresql+psycopg://postgres@127.0.0.1:1/nothing"
 CLOSED_BROKER = "redis://127.0.0.1:1/0"
-
-
-@pytest.fixture
-def make_app(settings, api_key):
-    """An app on altered settings (a dead database or broker); its pool is closed afterwards."""
-    apps: list[Flask] = []
-
-    def build(**overrides: Any) -> Flask:
-        flask_app = create_app(settings.model_copy(update=overrides))
-        flask_app.test_client_class = authed_client_class(api_key)
-        apps.append(flask_app)
-        return flask_app
-
-    yield build
-    for flask_app in apps:
-        flask_app.extensions["genqueue"].engine.dispose()
-
-
-def submit(client, **body: Any):
-    return client.post("/v1/jobs", json={"prompt": "a fox", "modality": "text", **body})
 
 
 def add_job(sessions, **fields: Any) -> Job:

@@ -10,6 +10,7 @@ import pytest
 from sqlalchemy import func, select
 
 from models import Job
+from tests.support.api import problem as _problem  # `problem` names the bodies here
 
 VALID_VIDEO = {"prompt": "a red fox in the snow", "modality": "video"}
 VALID_TEXT = {"prompt": "a haiku about queues", "modality": "text"}
@@ -262,13 +263,6 @@ def test_body_of_exactly_the_limit_is_accepted(client, settings, chunked):
 
 
 # --- every other failure renders as problem+json too ------------------------------------------
-
-
-def _problem(resp, status: int) -> dict[str, Any]:
-    assert resp.status_code == status and resp.mimetype == "application/problem+json"
-    body = resp.get_json()
-    assert body["status"] == status and {"type", "title", "detail", "errors"} <= body.keys()
-    return body
 
 
 def test_unknown_route_and_wrong_method(client):

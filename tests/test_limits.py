@@ -7,44 +7,13 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-import pytest
-from flask import Flask
 from sqlalchemy import func, select
 
-from app import create_app
 from app.admission import admission
 from models import Job, JobStatus, states
 from models.base import utcnow
 from models.db import transaction
-from tests.support.api import authed_client_class
-
-
-@pytest.fixture
-def make_app(settings, sessions, broker, api_key):
-    """An app on altered settings, its test client authenticated as the default tenant."""
-    apps: list[Flask] = []
-
-    def build(**overrides: Any) -> Flask:
-        flask_app = create_app(settings.model_copy(update=overrides))
-        flask_app.test_client_class = authed_client_class(api_key)
-        apps.append(flask_app)
-        return flask_app
-
-    yield build
-    for flask_app in apps:
-        flask_app.extensions["genqueue"].engine.dispose()
-
-
-def submit(client, **body: Any):
-    return client.post("/v1/jobs", json={"prompt": "a fox", "modality": "text", **body})
-
-
-def problem(resp, status: int) -> dict[str, Any]:
-    assert resp.status_code == status, resp.get_data(as_text=True)
-    assert resp.mimetype == "application/problem+json"
-    body = resp.get_json()
-    assert body["status"] == status and {"type", "title", "detail", "errors"} <= body.keys()
-    return body
+from tests.support.api import authed_client_class, make_api_key, problem, submit
 
 
 def job_count(sessions) -> int:
@@ -100,8 +69,6 @@ def test_limits_are_per_key_and_submits_count(tenant_client, sessions):
 
 
 def test_counters_are_shared_by_every_web_process(make_app, tenant_client, sessions):
-    from tests.support.api import make_api_key
-
     key = make_api_key(sessions, "acme", rate_limit="3/minute")
     a, b = make_app(), make_app()  # two apps, as two gunicorn workers would be
     clients = [authed_client_class(key)(app, app.response_class, True) for app in (a, b, a)]
@@ -149,8 +116,6 @@ def test_quota_counts_queued_and_running_jobs(tenant_client, sessions):
 
 
 def test_quota_holds_under_concurrent_submits(app, tenant_client, sessions):
-    from tests.support.api import make_api_key
-
     key = make_api_key(sessions, "acme", max_active_jobs=3)
     statuses: list[int] = []
     barrier = threading.Barrier(10)
@@ -200,8 +165,6 @@ def test_quota_reconciles_a_large_set_a_chunk_at_a_time(app, tenant_client, sess
 
 
 def test_quota_slot_is_released_when_the_job_is_not_accepted(make_app, sessions, settings):
-    from tests.support.api import make_api_key
-
     key = make_api_key(sessions, "acme", max_active_jobs=1)
     # The broker is down, the quota store is not: the slot is reserved, then the publish fails.
     dead = make_app(broker_url="redis://127.0.0.1:1/0", ratelimit_url=settings.broker_url)

@@ -16,20 +16,7 @@ from models.db import make_session_factory, transaction
 from models.keys import authenticate, create_key, hash_key
 from models.migrate import alembic_config, upgrade
 from models.tenant import DEFAULT_TENANT_ID
-from tests.support.api import authed_client_class, make_api_key
-
-
-def problem(resp, status: int) -> dict:
-    assert resp.status_code == status, resp.get_data(as_text=True)
-    assert resp.mimetype == "application/problem+json"
-    body = resp.get_json()
-    assert body["status"] == status and {"type", "title", "detail", "errors"} <= body.keys()
-    return body
-
-
-def submit(client, **body):
-    return client.post("/v1/jobs", json={"prompt": "a fox", "modality": "text", **body})
-
+from tests.support.api import authed_client_class, make_api_key, problem, submit
 
 # --- keys ---------------------------------------------------------------------------------------
 
