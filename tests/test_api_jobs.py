@@ -15,7 +15,8 @@ from sqlalchemy import func, select
 
 from models import Job, JobEvent, JobStatus, states
 from models.db import transaction
-from tests.support.api import submit
+from tests.support.api import assert_problem, submit
+from tests.support.jobs import broker_messages
 
 CLOSED_DB = "postgresql+psycopg://postgres@127.0.0.1:1/nothing"
 CLOSED_BROKER = "redis://127.0.0.1:1/0"
@@ -28,23 +29,6 @@ def add_job(sessions, **fields: Any) -> Job:
     with transaction(sessions) as s:
         s.add(job)
     return job
-
-
-def broker_messages(broker, queue: str) -> list[dict[str, Any]]:
-    """Messages waiting in a Redis queue, across kombu's priority sub-lists (`text`, `text\\x06\\x163`...)."""
-    out = []
-    for key in broker.scan_iter(match=f"{queue}*"):
-        if key.decode().split("\x06\x16")[0] == queue and broker.type(key) == b"list":
-            out += [json.loads(m) for m in broker.lrange(key, 0, -1)]
-    return out
-
-
-def assert_problem(resp, status: int) -> dict[str, Any]:
-    assert resp.status_code == status, resp.get_data(as_text=True)
-    assert resp.mimetype == "application/problem+json"
-    body = resp.get_json()
-    assert body["status"] == status and body["title"] and body["type"] and "errors" in body
-    return body
 
 
 def job_count(sessions) -> int:

@@ -40,12 +40,13 @@ def submit(client: FlaskClient, **body: Any) -> Any:
     return client.post("/v1/jobs", json={"prompt": "a fox", "modality": "text", **body})
 
 
-def problem(resp: Any, status: int) -> dict[str, Any]:
+def assert_problem(resp: Any, status: int) -> dict[str, Any]:
     """The RFC 9457 body of `resp`, after checking its status, media type and members."""
     assert resp.status_code == status, resp.get_data(as_text=True)
     assert resp.mimetype == "application/problem+json"
     body: dict[str, Any] = resp.get_json()
     assert body["status"] == status and {"type", "title", "detail", "errors"} <= body.keys()
+    assert body["type"] and body["title"]
     return body
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from pathlib import Path
@@ -80,6 +81,15 @@ def event_rows(sessions: Any, jid: uuid.UUID, type_: str) -> list[JobEvent]:
 def files(root: Path, jid: uuid.UUID) -> list[str]:
     folder = Path(root) / str(jid)
     return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
+
+
+def broker_messages(broker: Any, queue: str) -> list[dict[str, Any]]:
+    """Messages waiting in a Redis queue, across kombu's priority sub-lists (`text`, `text\\x06\\x163`...)."""
+    out = []
+    for key in broker.scan_iter(match=f"{queue}*"):
+        if key.decode().split("\x06\x16")[0] == queue and broker.type(key) == b"list":
+            out += [json.loads(m) for m in broker.lrange(key, 0, -1)]
+    return out
 
 
 def broker_idle(client: Any) -> bool:
