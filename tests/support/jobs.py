@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ from sqlalchemy import select
 
 from models import Job, JobEvent, states
 from models.db import transaction
+from tests.support.procs import wait_for
 
 SMALL_VIDEO = {"width": 64, "height": 48, "num_frames": 5, "fps": 6, "steps": 3}
 FINISHED = ("succeeded", "failed", "canceled")
@@ -46,19 +46,39 @@ def get(sessions: Any, jid: uuid.UUID) -> Job:
 
 
 def wait_until(sessions: Any, jid: uuid.UUID, pred: Any, timeout: float = 60, what: str = "") -> Job:
-    deadline = time.monotonic() + timeout
-    while True:
-        job = get(sessions, jid)
-        if pred(job):
-            return job
-        if time.monotonic() > deadline:
-            state = f"{job.status}/{job.stage}/{job.progress}"
-            raise AssertionError(f"job {jid} never got {what or pred}: {state}")
-        time.sleep(0.05)
+    """The job's row once `pred(row)` holds; fails with its last status/stage/progress."""
+    last: list[Job] = []
+
+    def check() -> Job | None:
+        last[:] = [get(sessions, jid)]
+        return last[0] if pred(last[0]) else None
+
+    try:
+        return wait_for(check, timeout, 0.05, f"job {jid} to get {what or pred}")
+    except AssertionError as exc:
+        job = last[0]
+        raise AssertionError(f"{exc}; it is {job.status}/{job.stage}/{job.progress}") from None
 
 
 def wait_done(sessions: Any, jid: uuid.UUID, timeout: float = 60) -> Job:
+    """The job's row once it has finished (succeeded, failed or canceled)."""
     return wait_until(sessions, jid, lambda j: j.status in FINISHED, timeout, "finished")
+
+
+def wait_all_done(sessions: Any, ids: list[uuid.UUID], timeout: float = 60) -> dict[uuid.UUID, Job]:
+    """The rows of `ids` once every one has finished, under one deadline for them all."""
+    last: dict[uuid.UUID, Job] = {}
+
+    def check() -> bool:
+        last.update({jid: get(sessions, jid) for jid in ids})
+        return all(job.status in FINISHED for job in last.values())
+
+    try:
+        wait_for(check, timeout, 0.05, f"{len(ids)} jobs to finish")
+    except AssertionError as exc:
+        states_ = {jid: (job.status, job.stage) for jid, job in last.items()}
+        raise AssertionError(f"{exc}; {states_}") from None
+    return dict(last)
 
 
 def events(sessions: Any, jid: uuid.UUID) -> list[str]:
