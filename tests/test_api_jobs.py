@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import json
-import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -17,6 +16,7 @@ from models import Job, JobEvent, JobStatus, states
 from models.db import transaction
 from tests.support.api import assert_problem, submit
 from tests.support.jobs import broker_messages
+from tests.support.procs import wait_for
 
 CLOSED_DB = "postgresql+psycopg://postgres@127.0.0.1:1/nothing"
 CLOSED_BROKER = "redis://127.0.0.1:1/0"
@@ -50,14 +50,12 @@ def test_submit_commits_publishes_and_answers_202(client, sessions, broker):
         row = s.get(Job, uuid.UUID(job["id"]))
         assert row is not None and row.status == JobStatus.QUEUED
     # published_at is recorded in batches, a few tens of ms after the answer.
-    deadline = time.monotonic() + 5
-    while True:
+
+    def published_at() -> datetime | None:
         with sessions() as s:
-            published_at = s.scalar(select(Job.published_at).where(Job.id == uuid.UUID(job["id"])))
-        if published_at is not None or time.monotonic() > deadline:
-            break
-        time.sleep(0.02)
-    assert published_at is not None
+            return s.scalar(select(Job.published_at).where(Job.id == uuid.UUID(job["id"])))
+
+    wait_for(published_at, 5, 0.02, "published_at to be recorded")
     [message] = broker_messages(broker, "text")
     assert message["headers"]["id"] == f"{job['id']}.text"
     assert message["headers"]["task"] == "genqueue.generate_text"
