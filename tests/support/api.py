@@ -11,9 +11,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from models.db import transaction
 from models.keys import create_key, set_plan
 from models.tenant import DEFAULT_TENANT_NAME
+from tests.support.jobs import FINISHED
 from tests.support.procs import wait_for
-
-FINISHED = ("succeeded", "failed", "canceled")
 
 
 def make_api_key(sessions: sessionmaker[Session], tenant: str = DEFAULT_TENANT_NAME, **plan: Any) -> str:
