@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import redis
+from flask import Flask
 from flask.testing import FlaskClient
 from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session, sessionmaker
@@ -17,26 +18,17 @@ from sqlalchemy.orm import Session, sessionmaker
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+from models.base import Base
 from models.db import make_engine, make_session_factory, transaction
-from models.keys import create_key, ensure_default_tenant, set_plan
+from models.keys import ensure_default_tenant
 from models.migrate import upgrade
 from models.settings import Settings
-from models.tenant import DEFAULT_TENANT_NAME
+from tests.support.api import authed_client_class, make_api_key
+from tests.support.infra import PG_ADMIN, REDIS_HOST
+from tests.support.workers import in_process_worker
 
-PG_ADMIN = os.environ.get("GENQUEUE_TEST_PG", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
-REDIS_HOST = os.environ.get("GENQUEUE_TEST_REDIS", "redis://127.0.0.1:6379")
-TABLES = (
-    "webhook_attempts",
-    "webhook_deliveries",
-    "webhook_messages",
-    "webhook_endpoints",
-    "webhook_secrets",
-    "idempotency_keys",
-    "job_events",
-    "jobs",
-    "api_keys",
-    "tenants",
-)
+# Every table, dependents first (TRUNCATE ... CASCADE would reach them anyway; the order keeps it quiet).
+TABLES = tuple(t.name for t in reversed(Base.metadata.sorted_tables))
 
 
 def _claim_redis_db() -> int:
@@ -132,25 +124,6 @@ def celery_app(settings: Settings):
     return create_celery(settings)
 
 
-def make_api_key(sessions: sessionmaker[Session], tenant: str = DEFAULT_TENANT_NAME, **plan: Any) -> str:
-    """A fresh API key for `tenant` (created if new), with plan overrides if given."""
-    with transaction(sessions) as s:
-        if plan:
-            set_plan(s, tenant, plan)
-        return create_key(s, tenant)[1]
-
-
-def authed_client_class(key: str) -> type[FlaskClient]:
-    """A test client class that sends `Authorization: Bearer <key>` on every request."""
-
-    class AuthedClient(FlaskClient):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
-            self.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {key}"
-
-    return AuthedClient
-
-
 @pytest.fixture(autouse=True)
 def _release_worker_connections() -> Iterator[None]:
     """In-process workers keep a runtime (and its pooled connections) per Celery app: close them
@@ -204,16 +177,24 @@ def tenant_client(app, sessions) -> Callable[..., FlaskClient]:
 @pytest.fixture
 def worker(celery_app, sessions, broker):
     """A real Celery worker (threads pool) consuming every queue of the per-run broker."""
-    from celery.contrib.testing.worker import start_worker
-
-    import tasks.pipeline  # noqa: F401  registers the tasks on the app
-
-    with start_worker(
-        celery_app,
-        pool="threads",
-        concurrency=4,
-        perform_ping_check=False,
-        shutdown_timeout=30,
-        loglevel="WARNING",
-    ) as w:
+    with in_process_worker(celery_app) as w:
         yield w
+
+
+@pytest.fixture
+def make_app(settings: Settings, sessions, broker, api_key) -> Iterator[Callable[..., Flask]]:
+    """make_app(**overrides): an app on altered settings (a dead database or broker, other limits),
+    its test client authenticated as the default tenant; its pool is closed afterwards."""
+    from app import create_app
+
+    apps: list[Flask] = []
+
+    def build(**overrides: Any) -> Flask:
+        flask_app = create_app(settings.model_copy(update=overrides))
+        flask_app.test_client_class = authed_client_class(api_key)
+        apps.append(flask_app)
+        return flask_app
+
+    yield build
+    for flask_app in apps:
+        flask_app.extensions["genqueue"].engine.dispose()

@@ -4,43 +4,22 @@ from __future__ import annotations
 
 import base64
 import json
-import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from flask import Flask
 from sqlalchemy import func, select
 
-from app import create_app
 from models import Job, JobEvent, JobStatus, states
 from models.db import transaction
-from tests.conftest import authed_client_class
+from tests.support.api import assert_problem, submit
+from tests.support.jobs import broker_messages
+from tests.support.procs import wait_for
 
 CLOSED_DB = "postgresql+psycopg://postgres@127.0.0.1:1/nothing"
 CLOSED_BROKER = "redis://127.0.0.1:1/0"
-
-
-@pytest.fixture
-def make_app(settings, api_key):
-    """An app on altered settings (a dead database or broker); its pool is closed afterwards."""
-    apps: list[Flask] = []
-
-    def build(**overrides: Any) -> Flask:
-        flask_app = create_app(settings.model_copy(update=overrides))
-        flask_app.test_client_class = authed_client_class(api_key)
-        apps.append(flask_app)
-        return flask_app
-
-    yield build
-    for flask_app in apps:
-        flask_app.extensions["genqueue"].engine.dispose()
-
-
-def submit(client, **body: Any):
-    return client.post("/v1/jobs", json={"prompt": "a fox", "modality": "text", **body})
 
 
 def add_job(sessions, **fields: Any) -> Job:
@@ -50,23 +29,6 @@ def add_job(sessions, **fields: Any) -> Job:
     with transaction(sessions) as s:
         s.add(job)
     return job
-
-
-def broker_messages(broker, queue: str) -> list[dict[str, Any]]:
-    """Messages waiting in a Redis queue, across kombu's priority sub-lists (`text`, `text\\x06\\x163`...)."""
-    out = []
-    for key in broker.scan_iter(match=f"{queue}*"):
-        if key.decode().split("\x06\x16")[0] == queue and broker.type(key) == b"list":
-            out += [json.loads(m) for m in broker.lrange(key, 0, -1)]
-    return out
-
-
-def assert_problem(resp, status: int) -> dict[str, Any]:
-    assert resp.status_code == status, resp.get_data(as_text=True)
-    assert resp.mimetype == "application/problem+json"
-    body = resp.get_json()
-    assert body["status"] == status and body["title"] and body["type"] and "errors" in body
-    return body
 
 
 def job_count(sessions) -> int:
@@ -88,14 +50,12 @@ def test_submit_commits_publishes_and_answers_202(client, sessions, broker):
         row = s.get(Job, uuid.UUID(job["id"]))
         assert row is not None and row.status == JobStatus.QUEUED
     # published_at is recorded in batches, a few tens of ms after the answer.
-    deadline = time.monotonic() + 5
-    while True:
+
+    def published_at() -> datetime | None:
         with sessions() as s:
-            published_at = s.scalar(select(Job.published_at).where(Job.id == uuid.UUID(job["id"])))
-        if published_at is not None or time.monotonic() > deadline:
-            break
-        time.sleep(0.02)
-    assert published_at is not None
+            return s.scalar(select(Job.published_at).where(Job.id == uuid.UUID(job["id"])))
+
+    wait_for(published_at, 5, 0.02, "published_at to be recorded")
     [message] = broker_messages(broker, "text")
     assert message["headers"]["id"] == f"{job['id']}.text"
     assert message["headers"]["task"] == "genqueue.generate_text"

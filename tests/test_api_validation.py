@@ -10,6 +10,7 @@ import pytest
 from sqlalchemy import func, select
 
 from models import Job
+from tests.support.api import assert_problem
 
 VALID_VIDEO = {"prompt": "a red fox in the snow", "modality": "video"}
 VALID_TEXT = {"prompt": "a haiku about queues", "modality": "text"}
@@ -264,17 +265,10 @@ def test_body_of_exactly_the_limit_is_accepted(client, settings, chunked):
 # --- every other failure renders as problem+json too ------------------------------------------
 
 
-def _problem(resp, status: int) -> dict[str, Any]:
-    assert resp.status_code == status and resp.mimetype == "application/problem+json"
-    body = resp.get_json()
-    assert body["status"] == status and {"type", "title", "detail", "errors"} <= body.keys()
-    return body
-
-
 def test_unknown_route_and_wrong_method(client):
-    _problem(client.get("/v1/nothing"), 404)
+    assert_problem(client.get("/v1/nothing"), 404)
     resp = client.delete("/v1/jobs")
-    _problem(resp, 405)
+    assert_problem(resp, 405)
     assert "POST" in resp.headers["Allow"]
 
 
@@ -284,7 +278,7 @@ def test_unexpected_error_is_500_without_internals(app, caplog):
 
     app.add_url_rule("/boom", view_func=boom)
     resp = app.test_client().get("/boom")
-    problem = _problem(resp, 500)
+    problem = assert_problem(resp, 500)
     text = resp.get_data(as_text=True)
     assert "secret" not in text and "/etc" not in text and "Traceback" not in text
     assert problem["title"] == "Internal Server Error"

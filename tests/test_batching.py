@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -23,7 +22,9 @@ from tasks.generators.base import (
     VideoGenerator,
 )
 from tasks.publish import publish_job
+from tests.support.jobs import wait_all_done
 from tests.support.procs import wait_for
+from tests.support.workers import in_process_worker
 
 
 class Recorder:
@@ -202,9 +203,6 @@ class RecordingText(TextGenerator):
 @pytest.fixture
 def batching_worker(settings, sessions, broker):
     """A worker configured as the text worker in production: threads pool, 8 executions."""
-    from celery.contrib.testing.worker import start_worker
-
-    import tasks.pipeline  # noqa: F401
     from tasks.celery_app import create_celery
 
     app = create_celery(
@@ -222,27 +220,9 @@ def batching_worker(settings, sessions, broker):
     RecordingText.calls.clear()
 
     def start() -> Any:
-        return start_worker(
-            app,
-            pool="threads",
-            concurrency=8,
-            perform_ping_check=False,
-            shutdown_timeout=30,
-            loglevel="WARNING",
-        )
+        return in_process_worker(app, concurrency=8)
 
     return app, start
-
-
-def _wait_all(sessions, ids: list[uuid.UUID], timeout: float = 60) -> dict[uuid.UUID, Job]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with sessions() as s:
-            jobs = {j: s.get(Job, j) for j in ids}
-        if all(j.status in ("succeeded", "failed", "canceled") for j in jobs.values()):
-            return jobs
-        time.sleep(0.05)
-    raise AssertionError({j: (x.status, x.stage) for j, x in jobs.items()})
 
 
 def test_worker_batches_concurrent_jobs_and_isolates_failures(batching_worker, sessions) -> None:
@@ -257,7 +237,7 @@ def test_worker_batches_concurrent_jobs_and_isolates_failures(batching_worker, s
         ids.append(job.id)
         publish_job(app, job.id, "video", "normal")
     with start():
-        jobs = _wait_all(sessions, ids)
+        jobs = wait_all_done(sessions, ids)
     by_prompt = {jobs[i].prompt: jobs[i] for i in ids}
     for i in range(6):
         job = by_prompt[f"scene {i}"]
@@ -300,9 +280,6 @@ class RecordingVideo(VideoGenerator):
 
 
 def test_worker_batches_video_jobs_of_the_same_shape(settings, sessions, broker) -> None:
-    from celery.contrib.testing.worker import start_worker
-
-    import tasks.pipeline  # noqa: F401
     from tasks import names
     from tasks.celery_app import create_celery
 
@@ -328,8 +305,7 @@ def test_worker_batches_video_jobs_of_the_same_shape(settings, sessions, broker)
             s.add(job)
         ids.append(job.id)
         app.signature(names.GENERATE_VIDEO, args=(str(job.id),), immutable=True).apply_async()
-    with start_worker(app, pool="threads", concurrency=4, perform_ping_check=False, shutdown_timeout=30,
-                      loglevel="WARNING", queues=[names.VIDEO_QUEUE]):  # fmt: skip
-        jobs = _wait_all(sessions, ids)
+    with in_process_worker(app, queues=[names.VIDEO_QUEUE]):
+        jobs = wait_all_done(sessions, ids)
     assert all(j.status == "succeeded" and j.artifact_path for j in jobs.values())
     assert sorted(sorted(c) for c in RecordingVideo.calls) == [["small a", "small b", "small c"], ["wide a"]]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 import pytest
@@ -13,8 +13,9 @@ import pytest
 from app import create_app
 from models import Job
 from models.cache import cache_key
-from tests.support.jobs import broker_idle, thread_workers
-from tests.test_api_jobs import broker_messages
+from tests.support.api import wait_finished
+from tests.support.jobs import broker_idle, broker_messages
+from tests.support.workers import in_process_worker, thread_workers
 
 
 def submit(client, prompt: str = "a fox", modality: str = "text", headers: Any = None, **body: Any):
@@ -23,40 +24,11 @@ def submit(client, prompt: str = "a fox", modality: str = "text", headers: Any =
     return client.post("/v1/jobs", json=payload, headers=headers or {})
 
 
-def wait_done(client, job_id: str, timeout: float = 30) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job = client.get(f"/v1/jobs/{job_id}").get_json()
-        if job["status"] in ("succeeded", "failed", "canceled"):
-            return job
-        time.sleep(0.05)
-    raise AssertionError(f"job {job_id} still {job['status']}")
-
-
 @pytest.fixture
 def later_worker(celery_app, sessions, broker):
     """Start a real worker only when the test says so (jobs queue up first)."""
-    from contextlib import ExitStack
-
-    from celery.contrib.testing.worker import start_worker
-
-    import tasks.pipeline  # noqa: F401
-
     with ExitStack() as stack:
-
-        def start() -> None:
-            stack.enter_context(
-                start_worker(
-                    celery_app,
-                    pool="threads",
-                    concurrency=2,
-                    perform_ping_check=False,
-                    shutdown_timeout=30,
-                    loglevel="WARNING",
-                )
-            )
-
-        yield start
+        yield lambda: stack.enter_context(in_process_worker(celery_app, concurrency=2))
 
 
 # --- keys ---------------------------------------------------------------------------------------
@@ -106,7 +78,7 @@ def test_identical_seeded_request_is_answered_from_the_finished_job(client, sett
     with thread_workers(settings):
         first = submit(client).get_json()
         assert first["cached"] is False
-        done = wait_done(client, first["id"])
+        done = wait_finished(client, first["id"])
     assert done["status"] == "succeeded"
     broker.flushdb()
     # No worker consumes now: a message the hit published would still be waiting in a queue.
@@ -124,7 +96,7 @@ def test_identical_seeded_request_is_answered_from_the_finished_job(client, sett
 
 def test_cache_false_unseeded_or_different_requests_compute(client, worker) -> None:
     first = submit(client).get_json()
-    wait_done(client, first["id"])
+    wait_finished(client, first["id"])
     for kwargs in (
         {"cache": False},
         {"params": {}},  # no seed given: a fresh random one, so not the same request
@@ -133,25 +105,25 @@ def test_cache_false_unseeded_or_different_requests_compute(client, worker) -> N
     ):
         job = submit(client, **kwargs).get_json()
         assert job["cached"] is False and job["source_job_id"] is None, kwargs
-        assert wait_done(client, job["id"])["status"] == "succeeded"
+        assert wait_finished(client, job["id"])["status"] == "succeeded"
 
 
 def test_a_model_change_invalidates_the_cache(client, worker, settings, sessions, api_key) -> None:
-    from tests.conftest import authed_client_class
+    from tests.support.api import authed_client_class
 
     first = submit(client).get_json()
-    wait_done(client, first["id"])
+    wait_finished(client, first["id"])
     bumped_app = create_app(settings.model_copy(update={"cache_version": "2"}))
     bumped_app.test_client_class = authed_client_class(api_key)
     bumped = bumped_app.test_client()
     job = submit(bumped).get_json()
     assert job["cached"] is False
-    assert wait_done(bumped, job["id"])["status"] == "succeeded"
+    assert wait_finished(bumped, job["id"])["status"] == "succeeded"
 
 
 def test_a_video_hit_needs_the_source_files(client, worker, settings) -> None:
     params = {"seed": 3, "width": 64, "height": 64, "num_frames": 1, "steps": 1}
-    first = wait_done(client, submit(client, modality="video", params=params).get_json()["id"])
+    first = wait_finished(client, submit(client, modality="video", params=params).get_json()["id"])
     hit = submit(client, modality="video", params=params).get_json()
     assert hit["cached"] is True and hit["outputs"]["video_url"]
     assert client.get(hit["outputs"]["video_url"]).status_code == 200
@@ -173,10 +145,10 @@ def test_identical_jobs_attach_to_the_running_one(client, later_worker, broker, 
         assert f["queue_position"] is None
     assert len(broker_messages(broker, "text")) == 1  # one computation queued, not four
     later_worker()
-    done = wait_done(client, leader["id"])
+    done = wait_finished(client, leader["id"])
     assert done["status"] == "succeeded" and done["cached"] is False
     for f in followers:
-        job = wait_done(client, f["id"])
+        job = wait_finished(client, f["id"])
         assert (job["status"], job["cached"]) == ("succeeded", True)
         assert job["outputs"]["text"] == done["outputs"]["text"]
         assert client.get(job["outputs"]["video_url"]).data == client.get(done["outputs"]["video_url"]).data
@@ -189,8 +161,8 @@ def test_followers_fail_with_their_source(client, later_worker) -> None:
     follower = submit(client, prompt="please [[fail]]").get_json()
     assert follower["cached"] is True
     later_worker()
-    assert wait_done(client, leader["id"])["status"] == "failed"
-    job = wait_done(client, follower["id"])
+    assert wait_finished(client, leader["id"])["status"] == "failed"
+    job = wait_finished(client, follower["id"])
     assert (job["status"], job["error"]["code"]) == ("failed", "invalid_request")
     assert leader["id"] in job["error"]["message"]
 
@@ -204,8 +176,8 @@ def test_canceling_the_source_hands_the_work_to_a_follower(client, later_worker,
     assert (heir["status"], heir["cached"], heir["source_job_id"]) == ("queued", False, None)
     assert client.get(f"/v1/jobs/{third['id']}").get_json()["source_job_id"] == second["id"]
     later_worker()
-    assert wait_done(client, second["id"])["status"] == "succeeded"
-    job = wait_done(client, third["id"])
+    assert wait_finished(client, second["id"])["status"] == "succeeded"
+    job = wait_finished(client, third["id"])
     assert (job["status"], job["cached"]) == ("succeeded", True)
 
 
@@ -214,7 +186,7 @@ def test_canceling_a_follower_leaves_its_source_alone(client, later_worker) -> N
     follower = submit(client).get_json()
     assert client.post(f"/v1/jobs/{follower['id']}/cancel").get_json()["status"] == "canceled"
     later_worker()
-    assert wait_done(client, leader["id"])["status"] == "succeeded"
+    assert wait_finished(client, leader["id"])["status"] == "succeeded"
     assert client.get(f"/v1/jobs/{follower['id']}").get_json()["status"] == "canceled"
 
 
@@ -236,7 +208,7 @@ def test_prefer_wait_gives_up_after_n_seconds(client) -> None:
 
 def test_the_cache_is_per_tenant(client, tenant_client, worker, sessions) -> None:
     first = submit(client).get_json()
-    wait_done(client, first["id"])
+    wait_finished(client, first["id"])
     assert submit(client).get_json()["cached"] is True
     other = submit(tenant_client("acme")).get_json()
     assert other["cached"] is False and other["source_job_id"] is None

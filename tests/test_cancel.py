@@ -6,8 +6,9 @@ import time
 import uuid
 
 from tests.support.generators import Run, runs
-from tests.support.jobs import broker_idle, event_rows, events, files, get, thread_workers, wait_until
+from tests.support.jobs import broker_idle, event_rows, events, files, get, wait_until
 from tests.support.procs import wait_for
+from tests.support.workers import thread_workers
 
 GEN = "tests.support.generators"
 VIDEO = {"width": 64, "height": 64, "num_frames": 5, "steps": 40}

@@ -17,9 +17,10 @@ from pathlib import Path
 import pytest
 
 from tests.support.generators import runs
-from tests.support.jobs import broker_idle, event_rows, events, files, get, submit, thread_workers, wait_done
+from tests.support.jobs import broker_idle, event_rows, events, files, get, submit, wait_done
 from tests.support.jobs import wait_until as wait_job
 from tests.support.procs import RabbitVhost, Worker, rabbitmq_available, wait_for, worker_env
+from tests.support.workers import thread_workers
 
 GEN = "tests.support.generators"
 STEP_S = "0.3"

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import io
-import time
 
 import av
 import pytest
 
 from tasks.celery_app import create_celery
+from tests.support.api import authed_client_class, wait_finished
+from tests.support.workers import in_process_worker
 
 pytestmark = pytest.mark.slow
 
@@ -23,7 +24,6 @@ def real_settings(settings):
 @pytest.fixture
 def real_client(real_settings, sessions, broker, api_key):
     from app import create_app
-    from tests.conftest import authed_client_class
 
     flask_app = create_app(real_settings)
     flask_app.test_client_class = authed_client_class(api_key)
@@ -32,28 +32,12 @@ def real_client(real_settings, sessions, broker, api_key):
 
 @pytest.fixture
 def real_worker(real_settings, sessions, broker):
-    from celery.contrib.testing.worker import start_worker
-
-    import tasks.pipeline  # noqa: F401
     from tasks.lifecycle import preload_models
 
     app = create_celery(real_settings)
     preload_models(real_settings)  # what a worker does once per process
-    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False, shutdown_timeout=60):
+    with in_process_worker(app, concurrency=2, shutdown_timeout=60):
         yield app
-
-
-def _poll(client, location: str, timeout: float = 240) -> dict:
-    deadline = time.monotonic() + timeout
-    seen = set()
-    while time.monotonic() < deadline:
-        job = client.get(location).get_json()
-        seen.add((job["status"], job["stage"]))
-        if job["status"] in ("succeeded", "failed", "canceled"):
-            job["_seen"] = seen
-            return job
-        time.sleep(0.1)
-    raise AssertionError(f"job did not finish: {job}")
 
 
 def test_video_job_with_real_models_returns_playable_mp4(real_worker, real_client) -> None:
@@ -62,7 +46,7 @@ def test_video_job_with_real_models_returns_playable_mp4(real_worker, real_clien
         "/v1/jobs", json={"prompt": "a cat dancing on the moon", "modality": "video", "params": params}
     )
     assert resp.status_code == 202, resp.get_data(as_text=True)
-    job = _poll(real_client, resp.headers["Location"])
+    job = wait_finished(real_client, resp.headers["Location"], 240, interval=0.1)
     assert job["status"] == "succeeded", job["error"]
     text = job["outputs"]["text"]
     assert isinstance(text, str) and len(text.split()) >= 3, text  # SmolLM2 wrote a shot description
@@ -98,6 +82,6 @@ def test_text_job_with_real_smollm2(real_worker, real_client) -> None:
         },
     )
     assert resp.status_code == 202
-    job = _poll(real_client, resp.headers["Location"])
+    job = wait_finished(real_client, resp.headers["Location"], 240, interval=0.1)
     assert job["status"] == "succeeded" and job["outputs"]["text"].strip()
     assert job["outputs"]["video_url"] is None

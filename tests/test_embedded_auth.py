@@ -8,7 +8,7 @@ from flask.testing import FlaskClient
 
 from app import create_app
 from tasks.embedded import DEV_KEY_FILE, embedded_dev_key, embedded_settings, embedded_worker
-from tests.support.procs import wait_for
+from tests.support.api import wait_finished
 
 
 def test_embedded_mode_runs_a_job_with_its_development_key(tmp_path: Path) -> None:
@@ -24,12 +24,7 @@ def test_embedded_mode_runs_a_job_with_its_development_key(tmp_path: Path) -> No
         headers = {"Authorization": f"Bearer {key}"}
         resp = anon.post("/v1/jobs", json={"prompt": "a haiku", "modality": "text"}, headers=headers)
         assert resp.status_code == 202 and resp.headers["RateLimit-Limit"]
-
-        def finished() -> dict | None:
-            job = anon.get(resp.headers["Location"], headers=headers).get_json()
-            return job if job["status"] in ("succeeded", "failed", "canceled") else None
-
-        job = wait_for(finished, 30, 0.05, "the job to finish")
+        job = wait_finished(anon, resp.headers["Location"], 30, headers=headers)
         assert job["status"] == "succeeded" and "a haiku" in job["outputs"]["text"]
         flask_app.extensions["genqueue"].engine.dispose()
 

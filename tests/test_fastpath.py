@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,6 +14,7 @@ from app.admission import EXTENSION as ADMISSION
 from app.published import PublishedMarks
 from models import Job, states
 from models.base import utcnow
+from tests.support.procs import wait_for
 
 
 @contextmanager
@@ -145,11 +145,9 @@ def test_published_marks_are_written_in_one_batched_update(app, client, sessions
 def test_submits_get_published_at_from_the_background_recorder(client, sessions) -> None:
     ids = [client.post("/v1/jobs", json={"prompt": f"fox {i}", "modality": "text"}).get_json()["id"]
            for i in range(5)]  # fmt: skip
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:
+
+    def all_published() -> bool:
         with sessions() as s:
-            missing = s.scalar(select(func.count()).where(Job.published_at.is_(None)))
-        if missing == 0:
-            break
-        time.sleep(0.02)
-    assert missing == 0, f"{missing} of {len(ids)} jobs have no published_at"
+            return s.scalar(select(func.count()).where(Job.published_at.is_(None))) == 0
+
+    wait_for(all_published, 5, 0.02, f"all {len(ids)} jobs to get published_at")

@@ -50,7 +50,7 @@ EXAMPLES = settings(
 @pytest.fixture
 def hostile_app(settings, sessions, broker, api_key):
     from app import create_app
-    from tests.conftest import authed_client_class
+    from tests.support.api import authed_client_class
 
     # Private webhook targets allowed, so a bad character is the only fault; a rate limit the
     # examples cannot reach.

@@ -65,7 +65,7 @@ def test_a_255_character_key_is_accepted_and_kept_24_hours(client, sessions):
 
 
 def test_100_concurrent_identical_requests_create_one_job(settings, sessions, broker, api_key):
-    from tests.conftest import authed_client_class
+    from tests.support.api import authed_client_class
 
     overrides = {
         "db_pool_size": 20, "db_max_overflow": 0, "db_connect_timeout_s": 60,
@@ -106,7 +106,7 @@ def test_an_expired_key_can_be_used_again(client, sessions):
 
 
 def test_a_job_that_could_not_be_queued_frees_its_key(settings, sessions, broker, api_key):
-    from tests.conftest import authed_client_class
+    from tests.support.api import authed_client_class
 
     down = create_app(settings.model_copy(update={"broker_url": CLOSED_BROKER}))
     down.test_client_class = authed_client_class(api_key)

@@ -7,44 +7,13 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
-import pytest
-from flask import Flask
 from sqlalchemy import func, select
 
-from app import create_app
 from app.admission import admission
 from models import Job, JobStatus, states
 from models.base import utcnow
 from models.db import transaction
-from tests.conftest import authed_client_class
-
-
-@pytest.fixture
-def make_app(settings, sessions, broker, api_key):
-    """An app on altered settings, its test client authenticated as the default tenant."""
-    apps: list[Flask] = []
-
-    def build(**overrides: Any) -> Flask:
-        flask_app = create_app(settings.model_copy(update=overrides))
-        flask_app.test_client_class = authed_client_class(api_key)
-        apps.append(flask_app)
-        return flask_app
-
-    yield build
-    for flask_app in apps:
-        flask_app.extensions["genqueue"].engine.dispose()
-
-
-def submit(client, **body: Any):
-    return client.post("/v1/jobs", json={"prompt": "a fox", "modality": "text", **body})
-
-
-def problem(resp, status: int) -> dict[str, Any]:
-    assert resp.status_code == status, resp.get_data(as_text=True)
-    assert resp.mimetype == "application/problem+json"
-    body = resp.get_json()
-    assert body["status"] == status and {"type", "title", "detail", "errors"} <= body.keys()
-    return body
+from tests.support.api import assert_problem, authed_client_class, make_api_key, submit
 
 
 def job_count(sessions) -> int:
@@ -73,7 +42,7 @@ def test_burst_limit_answers_429_with_headers(tenant_client):
         seen.append(int(resp.headers["RateLimit-Remaining"]))
     assert seen == [2, 1, 0]
     resp = client.get("/v1/jobs")
-    body = problem(resp, 429)
+    body = assert_problem(resp, 429)
     assert body["type"].endswith("rate-limited") and "3 per 1 second" in body["detail"]
     assert 1 <= int(resp.headers["Retry-After"]) <= 1
     assert resp.headers["RateLimit-Remaining"] == "0"
@@ -84,7 +53,7 @@ def test_sustained_limit_binds_after_the_burst(tenant_client):
     for _ in range(4):
         assert client.get("/v1/jobs").status_code == 200
     resp = client.get("/v1/jobs")
-    problem(resp, 429)
+    assert_problem(resp, 429)
     assert resp.headers["RateLimit-Limit"] == "4"
     assert 50 <= int(resp.headers["Retry-After"]) <= 60
 
@@ -93,20 +62,18 @@ def test_limits_are_per_key_and_submits_count(tenant_client, sessions):
     first = tenant_client("acme", rate_limit="2/minute")
     second = tenant_client("acme")  # same tenant, another key: its own budget
     assert submit(first).status_code == 202 and first.get("/v1/jobs").status_code == 200
-    problem(submit(first), 429)
+    assert_problem(submit(first), 429)
     assert job_count(sessions) == 1  # the refused submit wrote nothing
     assert second.get("/v1/jobs").status_code == 200
     assert tenant_client("other").get("/v1/jobs").status_code == 200
 
 
 def test_counters_are_shared_by_every_web_process(make_app, tenant_client, sessions):
-    from tests.conftest import make_api_key
-
     key = make_api_key(sessions, "acme", rate_limit="3/minute")
     a, b = make_app(), make_app()  # two apps, as two gunicorn workers would be
     clients = [authed_client_class(key)(app, app.response_class, True) for app in (a, b, a)]
     assert [c.get("/v1/jobs").status_code for c in clients] == [200, 200, 200]
-    problem(clients[1].get("/v1/jobs"), 429)
+    assert_problem(clients[1].get("/v1/jobs"), 429)
 
 
 def test_public_endpoints_are_not_limited(tenant_client):
@@ -132,25 +99,23 @@ def test_quota_counts_queued_and_running_jobs(tenant_client, sessions):
     first = submit(client).get_json()
     second = submit(client).get_json()
     resp = submit(client)
-    body = problem(resp, 429)
+    body = assert_problem(resp, 429)
     assert body["type"].endswith("concurrency-limit") and body["limits"] == {"max_active_jobs": 2}
     assert "2 queued or running" in body["detail"] and int(resp.headers["Retry-After"]) > 0
     assert job_count(sessions) == 2
     assert submit(tenant_client("other")).status_code == 202  # another tenant has its own quota
     with transaction(sessions) as s:  # one starts running: still active
         assert states.start_text(s, uuid.UUID(first["id"]))
-    problem(submit(client), 429)
+    assert_problem(submit(client), 429)
     with transaction(sessions) as s:  # a worker finishes it: a slot frees at once
         states.complete_text(s, uuid.UUID(first["id"]), "t", 0.1, final=True, progress=100)
     assert submit(client).status_code == 202
-    problem(submit(client), 429)
+    assert_problem(submit(client), 429)
     assert client.post(f"/v1/jobs/{second['id']}/cancel").status_code == 200
     assert submit(client).status_code == 202
 
 
 def test_quota_holds_under_concurrent_submits(app, tenant_client, sessions):
-    from tests.conftest import make_api_key
-
     key = make_api_key(sessions, "acme", max_active_jobs=3)
     statuses: list[int] = []
     barrier = threading.Barrier(10)
@@ -174,7 +139,7 @@ def test_quota_survives_losing_its_redis_state(tenant_client, sessions, broker):
     submit(client)
     submit(client)
     broker.flushdb()  # reservations and counters gone; the jobs are still active in Postgres
-    problem(submit(client), 429)
+    assert_problem(submit(client), 429)
 
 
 def test_quota_reconciles_a_large_set_a_chunk_at_a_time(app, tenant_client, sessions, broker, monkeypatch):
@@ -200,13 +165,11 @@ def test_quota_reconciles_a_large_set_a_chunk_at_a_time(app, tenant_client, sess
 
 
 def test_quota_slot_is_released_when_the_job_is_not_accepted(make_app, sessions, settings):
-    from tests.conftest import make_api_key
-
     key = make_api_key(sessions, "acme", max_active_jobs=1)
     # The broker is down, the quota store is not: the slot is reserved, then the publish fails.
     dead = make_app(broker_url="redis://127.0.0.1:1/0", ratelimit_url=settings.broker_url)
     dead.test_client_class = authed_client_class(key)
-    problem(submit(dead.test_client()), 503)
+    assert_problem(submit(dead.test_client()), 503)
     assert job_count(sessions) == 0
     live = make_app()
     live.test_client_class = authed_client_class(key)
@@ -227,7 +190,7 @@ def test_plan_limits_answer_403_naming_each_limit(tenant_client, sessions):
         client, modality="video", prompt="x" * 21, priority="high",
         params={"width": 1024, "height": 512, "num_frames": 21, "steps": 20},
     )  # fmt: skip
-    body = problem(resp, 403)
+    body = assert_problem(resp, 403)
     assert body["type"].endswith("plan-limit")
     assert body["limits"] == {
         "max_prompt_chars": 20, "max_priority": "normal", "max_width": 512, "max_frames": 17, "max_steps": 10,
@@ -242,15 +205,15 @@ def test_plan_limits_answer_403_naming_each_limit(tenant_client, sessions):
 
 def test_default_plan_comes_from_configuration(make_app, sessions):
     client = make_app(plan_max_steps=4, plan_max_priority="low").test_client()
-    body = problem(submit(client, modality="video", priority="low"), 403)  # default steps (8) > 4
+    body = assert_problem(submit(client, modality="video", priority="low"), 403)  # default steps (8) > 4
     assert body["limits"] == {"max_steps": 4}
     assert submit(client, modality="video", priority="low", params={"steps": 4}).status_code == 202
-    assert problem(submit(client, priority="normal"), 403)["limits"] == {"max_priority": "low"}
+    assert assert_problem(submit(client, priority="normal"), 403)["limits"] == {"max_priority": "low"}
 
 
 def test_schema_bounds_still_come_first(tenant_client):
     client = tenant_client("acme", max_width=512)
-    body = problem(submit(client, modality="video", params={"width": 2048}), 422)
+    body = assert_problem(submit(client, modality="video", params={"width": 2048}), 422)
     assert body["errors"][0]["field"] == "params.width"
 
 
@@ -262,7 +225,7 @@ def test_text_backlog_bound_answers_503(make_app, sessions):
     add_jobs(sessions, 2)
     assert submit(client).status_code == 202  # the third queued job: at the bound now
     resp = submit(client)
-    body = problem(resp, 503)
+    body = assert_problem(resp, 503)
     assert body["type"].endswith("overloaded") and body["stage"] == "text"
     assert int(resp.headers["Retry-After"]) > 0
     assert job_count(sessions) == 3
@@ -274,7 +237,7 @@ def test_text_backlog_bound_answers_503(make_app, sessions):
 def test_video_backlog_bound_applies_to_video_jobs_only(make_app, sessions):
     client = make_app(admission_max_video_backlog=2, admission_cache_s=0).test_client()
     add_jobs(sessions, 2, modality="video", status=JobStatus.RUNNING, stage="video")
-    assert problem(submit(client, modality="video"), 503)["stage"] == "video"
+    assert assert_problem(submit(client, modality="video"), 503)["stage"] == "video"
     assert submit(client, modality="text").status_code == 202
 
 
@@ -285,7 +248,7 @@ def test_estimated_wait_bound(make_app, sessions):
     recent = utcnow() - timedelta(seconds=30)
     add_jobs(sessions, 60, status=JobStatus.SUCCEEDED, completed_at=recent)  # 1 job/s
     resp = submit(client)  # 21 active at 1/s: about 21 s
-    body = problem(resp, 503)
+    body = assert_problem(resp, 503)
     assert "estimated wait" in body["detail"] and 10 <= int(resp.headers["Retry-After"]) <= 12
 
 

@@ -25,7 +25,8 @@ from tasks.config import REDIS_PRIORITY
 from tasks.maintenance import SUSPECTS, reap
 from tasks.publish import publish_job
 from tasks.runtime import runtime
-from tests.support.jobs import create_job, event_rows, events, get, thread_workers, wait_done
+from tests.support.jobs import create_job, event_rows, events, get, wait_done
+from tests.support.workers import thread_workers
 
 SEP = "\x06\x16"
 

@@ -12,7 +12,7 @@ from sqlalchemy import create_engine, inspect, text
 
 import models
 from models.migrate import alembic_config, downgrade, upgrade
-from tests.conftest import PG_ADMIN
+from tests.support.infra import PG_ADMIN
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from app import create_app
 from models import Job, JobEvent
 from models.db import make_engine, make_session_factory
 from models.migrate import upgrade
-from tests.conftest import authed_client_class, make_api_key
+from tests.support.api import authed_client_class, make_api_key
 from tests.support.procs import ROOT, PostgresServer, RedisServer, Worker, pg_bin, wait_for, worker_env
 
 pytestmark = pytest.mark.slow

@@ -2,39 +2,22 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 
 import av
 from sqlalchemy import select
 
-from models import Job, JobEvent
-from models.db import transaction
+from models import JobEvent
 from tasks.publish import publish_job
+from tests.support.jobs import create_job, wait_done
 
 
 def _submit(sessions, celery_app, modality: str = "video", prompt: str = "a red fox", **params) -> uuid.UUID:
-    defaults = (
-        {"width": 64, "height": 48, "num_frames": 9, "fps": 6, "steps": 3} if modality == "video" else {}
-    )
-    with transaction(sessions) as s:
-        job = Job(modality=modality, prompt=prompt, params=defaults | params)
-        s.add(job)
-        s.flush()
-        jid = job.id
+    """A job committed and published (nine frames for a video), without marking it published."""
+    frames = {"num_frames": 9} if modality == "video" else {}
+    jid = create_job(sessions, modality, prompt, **(frames | params))
     publish_job(celery_app, jid, modality, "normal")
     return jid
-
-
-def _wait(sessions, jid: uuid.UUID, timeout: float = 30) -> Job:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with sessions() as s:
-            job = s.get(Job, jid)
-            if job.status in ("succeeded", "failed", "canceled"):
-                return job
-        time.sleep(0.05)
-    raise AssertionError(f"job {jid} did not finish: {job.status}/{job.stage}")
 
 
 def _events(sessions, jid: uuid.UUID) -> list[str]:
@@ -44,7 +27,7 @@ def _events(sessions, jid: uuid.UUID) -> list[str]:
 
 def test_video_chain_runs_both_stages(worker, sessions, celery_app, settings) -> None:
     jid = _submit(sessions, celery_app)
-    job = _wait(sessions, jid)
+    job = wait_done(sessions, jid, 30)
     assert job.status == "succeeded", job.error_message
     assert job.output_text and "a red fox" in job.output_text
     assert job.progress == 100 and job.attempts == 1
@@ -61,7 +44,7 @@ def test_video_chain_runs_both_stages(worker, sessions, celery_app, settings) ->
 
 def test_text_job_runs_text_stage_only(worker, sessions, celery_app, settings) -> None:
     jid = _submit(sessions, celery_app, modality="text", prompt="a haiku about queues")
-    job = _wait(sessions, jid)
+    job = wait_done(sessions, jid, 30)
     assert job.status == "succeeded"
     assert job.stage == "text" and job.artifact_path is None
     assert not (settings.artifact_dir / str(jid)).exists()
@@ -69,7 +52,7 @@ def test_text_job_runs_text_stage_only(worker, sessions, celery_app, settings) -
 
 def test_permanent_generator_error_fails_job_once(worker, sessions, celery_app) -> None:
     jid = _submit(sessions, celery_app, prompt="please [[fail]] now")
-    job = _wait(sessions, jid)
+    job = wait_done(sessions, jid, 30)
     assert (job.status, job.error_stage, job.error_code) == ("failed", "text", "invalid_request")
     assert _events(sessions, jid).count("job.failed") == 1
 
@@ -77,7 +60,7 @@ def test_permanent_generator_error_fails_job_once(worker, sessions, celery_app) 
 def test_many_jobs_all_finish_once(worker, sessions, celery_app) -> None:
     ids = [_submit(sessions, celery_app, prompt=f"prompt {i}") for i in range(20)]
     for jid in ids:
-        assert _wait(sessions, jid).status == "succeeded"
+        assert wait_done(sessions, jid, 30).status == "succeeded"
     with sessions() as s:
         succeeded = s.scalars(select(JobEvent.job_id).where(JobEvent.type == "job.succeeded")).all()
     assert sorted(succeeded) == sorted(ids)

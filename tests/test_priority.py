@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -19,6 +18,8 @@ from tasks import names
 from tasks.celery_app import create_celery
 from tasks.config import broker_priority
 from tasks.publish import publish_job
+from tests.support.procs import wait_for
+from tests.support.workers import in_process_worker
 
 BACKLOG = 1000
 pytestmark = pytest.mark.slow  # 1000-message backlogs on two brokers: ~1 min
@@ -72,18 +73,8 @@ def _publish_video_stage(app: Celery, job_id: uuid.UUID, priority: str) -> None:
 
 def _run_until(app: Celery, queue: str, done: Any, timeout: float = 60) -> None:
     """A worker with one execution slot on `queue`, stopped as soon as `done()` holds."""
-    from celery.contrib.testing.worker import start_worker
-
-    import tasks.pipeline  # noqa: F401
-
-    with start_worker(
-        app, pool="threads", concurrency=1, perform_ping_check=False, shutdown_timeout=30,
-        loglevel="WARNING", queues=[queue],
-    ):  # fmt: skip
-        deadline = time.monotonic() + timeout
-        while not done():
-            assert time.monotonic() < deadline, "the worker started too few jobs"
-            time.sleep(0.05)
+    with in_process_worker(app, concurrency=1, queues=[queue]):
+        wait_for(done, timeout, 0.05, "the worker to start enough jobs")
 
 
 def test_high_priority_starts_first_on_the_text_stage(broker_app, sessions) -> None:

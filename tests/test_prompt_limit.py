@@ -56,7 +56,7 @@ def boundary(counter: PromptCounter) -> tuple[str, str]:
 @pytest.fixture
 def smol_client(settings, sessions, broker, api_key, model_cache):
     from app import create_app
-    from tests.conftest import authed_client_class
+    from tests.support.api import authed_client_class
 
     # The web never loads the model: only its tokenizer, rebuilt without torch.
     flask_app = create_app(settings.model_copy(update={"text_model": "smollm2"}))

@@ -19,8 +19,9 @@ from tasks import names
 from tasks.config import celery_config
 from tasks.maintenance import reap
 from tasks.runtime import runtime
-from tests.support.jobs import broker_idle, create_job, event_rows, events, get, thread_workers, wait_done
+from tests.support.jobs import broker_idle, create_job, event_rows, events, get, wait_done
 from tests.support.procs import ROOT, Worker, wait_for, worker_env
+from tests.support.workers import thread_workers
 
 
 def _later(settings, seconds: float):

@@ -16,10 +16,10 @@ from tests.support.jobs import (
     events,
     files,
     submit,
-    thread_workers,
     wait_done,
 )
 from tests.support.procs import wait_for
+from tests.support.workers import thread_workers
 
 GEN = "tests.support.generators"
 

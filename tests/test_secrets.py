@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
-from typing import Any
 
 import pytest
 from sqlalchemy.engine import make_url
@@ -12,7 +10,8 @@ from sqlalchemy.engine import make_url
 from app import create_app
 from models.redaction import redact
 from tasks.celery_app import create_celery
-from tests.conftest import authed_client_class, make_api_key
+from tests.support.api import authed_client_class, make_api_key, wait_finished
+from tests.support.workers import in_process_worker
 
 DB_PASSWORD = "S3cret-db-pw-7f2c"
 WEBHOOK_SECRET = "whsec_MfKQ9r8GKYqrfNvbnOCsYvVKr6kfWUwM"
@@ -42,22 +41,8 @@ def test_redact_keeps_what_operators_need() -> None:
     assert redact(plain) == plain
 
 
-def _wait(client, job_id: str, timeout: float = 30) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job = client.get(f"/v1/jobs/{job_id}").get_json()
-        if job["status"] in ("succeeded", "failed", "canceled"):
-            return job
-        time.sleep(0.05)
-    raise AssertionError(f"job {job_id} did not finish")
-
-
 def test_a_full_job_run_logs_no_secret(settings, sessions, broker, caplog):
     """API, worker and failures, all logged at DEBUG: no key, password or webhook secret shows."""
-    from celery.contrib.testing.worker import start_worker
-
-    import tasks.pipeline  # noqa: F401  registers the tasks
-
     url = make_url(settings.database_url).set(password=DB_PASSWORD)  # trust auth: accepted, unused
     secret_settings = settings.model_copy(
         update={"database_url": url.render_as_string(hide_password=False)}
@@ -73,14 +58,8 @@ def test_a_full_job_run_logs_no_secret(settings, sessions, broker, caplog):
     client = flask_app.test_client()
     caplog.set_level(logging.DEBUG)
     bodies = []
-    with start_worker(
-        create_celery(secret_settings, set_as_current=False),
-        pool="threads",
-        concurrency=2,
-        perform_ping_check=False,
-        shutdown_timeout=30,
-        loglevel="DEBUG",
-    ):
+    worker_app = create_celery(secret_settings, set_as_current=False)
+    with in_process_worker(worker_app, concurrency=2, loglevel="DEBUG"):
         logging.getLogger("genqueue.test").info("settings: %r", secret_settings)
         video = client.post("/v1/jobs", json={"prompt": "a fox", "modality": "video",
                                               "params": {"width": 64, "height": 64, "num_frames": 5}})
@@ -89,9 +68,9 @@ def test_a_full_job_run_logs_no_secret(settings, sessions, broker, caplog):
         for resp in (video, failing, transient):
             assert resp.status_code == 202, resp.get_data(as_text=True)
             bodies.append(resp.get_data(as_text=True))
-        assert _wait(client, video.get_json()["id"])["status"] == "succeeded"
-        assert _wait(client, failing.get_json()["id"])["status"] == "failed"
-        _wait(client, transient.get_json()["id"])
+        assert wait_finished(client, video.get_json()["id"])["status"] == "succeeded"
+        assert wait_finished(client, failing.get_json()["id"])["status"] == "failed"
+        wait_finished(client, transient.get_json()["id"])
         for resp in (
             client.get("/v1/leak"),
             flask_app.test_client().get("/v1/jobs", headers={"Authorization": f"Bearer {key}x"}),

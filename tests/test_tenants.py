@@ -16,20 +16,7 @@ from models.db import make_session_factory, transaction
 from models.keys import authenticate, create_key, hash_key
 from models.migrate import alembic_config, upgrade
 from models.tenant import DEFAULT_TENANT_ID
-from tests.conftest import authed_client_class, make_api_key
-
-
-def problem(resp, status: int) -> dict:
-    assert resp.status_code == status, resp.get_data(as_text=True)
-    assert resp.mimetype == "application/problem+json"
-    body = resp.get_json()
-    assert body["status"] == status and {"type", "title", "detail", "errors"} <= body.keys()
-    return body
-
-
-def submit(client, **body):
-    return client.post("/v1/jobs", json={"prompt": "a fox", "modality": "text", **body})
-
+from tests.support.api import assert_problem, authed_client_class, make_api_key, submit
 
 # --- keys ---------------------------------------------------------------------------------------
 
@@ -75,7 +62,7 @@ JOB_ROUTES = [
 def test_missing_or_invalid_key_is_401(anon_client, sessions, method, path, authorization):
     headers = {} if authorization is None else {"Authorization": authorization}
     resp = getattr(anon_client, method)(path, headers=headers, json={"prompt": "p", "modality": "text"})
-    body = problem(resp, 401)
+    body = assert_problem(resp, 401)
     assert resp.headers["WWW-Authenticate"].startswith("Bearer")
     assert "Bearer" in body["detail"] or "invalid" in body["detail"]
     token = (authorization or "").partition(" ")[2].strip()
@@ -101,8 +88,8 @@ def test_revoked_key_is_401_within_the_key_cache_ttl(settings, sessions, broker,
     clock[0] = 29.5
     assert client.get("/v1/jobs").status_code == 200  # still trusted until the entry expires
     clock[0] = 30.5
-    problem(client.get("/v1/jobs"), 401)
-    problem(submit(client), 401)
+    assert_problem(client.get("/v1/jobs"), 401)
+    assert_problem(submit(client), 401)
 
 
 def test_revoked_key_is_401_at_once_without_the_key_cache(settings, sessions, broker, api_key, cli):
@@ -113,15 +100,15 @@ def test_revoked_key_is_401_at_once_without_the_key_cache(settings, sessions, br
     client = app.test_client()
     assert submit(client).status_code == 202
     assert cli("keys", "revoke", api_key.split("_")[1]).exit_code == 0
-    problem(client.get("/v1/jobs"), 401)
+    assert_problem(client.get("/v1/jobs"), 401)
 
 
 def test_health_ready_and_documents_need_no_key(anon_client):
     for path in ("/v1/health", "/v1/ready", "/openapi.json", "/docs", "/metrics"):
         assert anon_client.get(path).status_code == 200, path
     # Unknown routes and methods answer as such, never revealing whether a key would help.
-    problem(anon_client.get("/v1/nothing"), 404)
-    problem(anon_client.delete("/v1/jobs"), 405)
+    assert_problem(anon_client.get("/v1/nothing"), 404)
+    assert_problem(anon_client.delete("/v1/jobs"), 405)
 
 
 def test_the_key_is_bearer_case_insensitive(anon_client, api_key):
@@ -150,7 +137,7 @@ def test_tenants_see_only_their_own_jobs(client, tenant_client, sessions, settin
             client.get(f"/v1/jobs/{job_id}/content"),
             client.post(f"/v1/jobs/{job_id}/cancel"),
         ):
-            body = problem(resp, 404)  # not 403: another tenant's job does not exist for this one
+            body = assert_problem(resp, 404)  # not 403: another tenant's job does not exist for this one
             assert "secret" not in resp.get_data(as_text=True) and body["detail"].startswith("No job")
     with sessions() as s:  # the cancel attempt changed nothing
         assert s.get(Job, uuid.UUID(theirs["id"])).status == JobStatus.QUEUED
@@ -190,7 +177,7 @@ def test_cli_create_list_revoke(cli, anon_client):
     listed = cli("keys", "list").stdout
     assert prefix in listed and "acme" in listed and "ci" in listed and key not in listed
     assert cli("keys", "revoke", prefix).exit_code == 0
-    assert problem(anon_client.get("/v1/jobs", headers=headers), 401)
+    assert assert_problem(anon_client.get("/v1/jobs", headers=headers), 401)
     assert cli("keys", "revoke", prefix).exit_code == 1  # already revoked
     assert "acme" in cli("keys", "list", "--tenant", "acme").stdout
     assert cli("keys", "list", "--tenant", "nobody").stdout.count("\n") == 1  # the header only

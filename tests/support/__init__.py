@@ -1,1 +1,1 @@
-"""Test helpers: generators that misbehave on cue, worker subprocesses, throwaway brokers and databases."""
+"""Test helpers: api (keys, clients, submit, problems, wait_finished), jobs, workers, procs, generators."""

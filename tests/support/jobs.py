@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import time
+import json
 import uuid
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +12,7 @@ from sqlalchemy import select
 
 from models import Job, JobEvent, states
 from models.db import transaction
-from models.settings import Settings
+from tests.support.procs import wait_for
 
 SMALL_VIDEO = {"width": 64, "height": 48, "num_frames": 5, "fps": 6, "steps": 3}
 FINISHED = ("succeeded", "failed", "canceled")
@@ -48,19 +46,39 @@ def get(sessions: Any, jid: uuid.UUID) -> Job:
 
 
 def wait_until(sessions: Any, jid: uuid.UUID, pred: Any, timeout: float = 60, what: str = "") -> Job:
-    deadline = time.monotonic() + timeout
-    while True:
-        job = get(sessions, jid)
-        if pred(job):
-            return job
-        if time.monotonic() > deadline:
-            state = f"{job.status}/{job.stage}/{job.progress}"
-            raise AssertionError(f"job {jid} never got {what or pred}: {state}")
-        time.sleep(0.05)
+    """The job's row once `pred(row)` holds; fails with its last status/stage/progress."""
+    last: list[Job] = []
+
+    def check() -> Job | None:
+        last[:] = [get(sessions, jid)]
+        return last[0] if pred(last[0]) else None
+
+    try:
+        return wait_for(check, timeout, 0.05, f"job {jid} to get {what or pred}")
+    except AssertionError as exc:
+        job = last[0]
+        raise AssertionError(f"{exc}; it is {job.status}/{job.stage}/{job.progress}") from None
 
 
 def wait_done(sessions: Any, jid: uuid.UUID, timeout: float = 60) -> Job:
+    """The job's row once it has finished (succeeded, failed or canceled)."""
     return wait_until(sessions, jid, lambda j: j.status in FINISHED, timeout, "finished")
+
+
+def wait_all_done(sessions: Any, ids: list[uuid.UUID], timeout: float = 60) -> dict[uuid.UUID, Job]:
+    """The rows of `ids` once every one has finished, under one deadline for them all."""
+    last: dict[uuid.UUID, Job] = {}
+
+    def check() -> bool:
+        last.update({jid: get(sessions, jid) for jid in ids})
+        return all(job.status in FINISHED for job in last.values())
+
+    try:
+        wait_for(check, timeout, 0.05, f"{len(ids)} jobs to finish")
+    except AssertionError as exc:
+        states_ = {jid: (job.status, job.stage) for jid, job in last.items()}
+        raise AssertionError(f"{exc}; {states_}") from None
+    return dict(last)
 
 
 def events(sessions: Any, jid: uuid.UUID) -> list[str]:
@@ -85,6 +103,15 @@ def files(root: Path, jid: uuid.UUID) -> list[str]:
     return sorted(p.name for p in folder.iterdir()) if folder.exists() else []
 
 
+def broker_messages(broker: Any, queue: str) -> list[dict[str, Any]]:
+    """Messages waiting in a Redis queue, across kombu's priority sub-lists (`text`, `text\\x06\\x163`...)."""
+    out = []
+    for key in broker.scan_iter(match=f"{queue}*"):
+        if key.decode().split("\x06\x16")[0] == queue and broker.type(key) == b"list":
+            out += [json.loads(m) for m in broker.lrange(key, 0, -1)]
+    return out
+
+
 def broker_idle(client: Any) -> bool:
     """No message waiting in any queue of this Redis db and none delivered but unacked."""
     from tasks.names import ALL_QUEUES
@@ -97,23 +124,3 @@ def broker_idle(client: Any) -> bool:
         if name.split("\x06\x16")[0] in ALL_QUEUES and client.llen(key):
             return False
     return True
-
-
-@contextmanager
-def thread_workers(settings: Settings, **overrides: Any) -> Iterator[Celery]:
-    """A real Celery worker (threads pool, every queue) on settings with `overrides`."""
-    from celery.contrib.testing.worker import start_worker
-
-    import tasks.maintenance
-    import tasks.pipeline  # noqa: F401  registers the tasks
-    from tasks.celery_app import create_celery
-
-    app = create_celery(settings.model_copy(update=overrides), set_as_current=False)
-    with ExitStack() as stack:
-        stack.enter_context(
-            start_worker(
-                app, pool="threads", concurrency=4, perform_ping_check=False,
-                shutdown_timeout=30, loglevel="WARNING",
-            )
-        )  # fmt: skip
-        yield app

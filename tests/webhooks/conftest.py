@@ -6,6 +6,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.api import authed_client_class
+from tests.support.workers import in_process_worker
 from tests.webhooks.helpers import hook_settings, serve
 
 
@@ -28,7 +30,6 @@ def hooks(settings, overrides):
 @pytest.fixture
 def hook_client(hooks, sessions, broker, api_key):
     from app import create_app
-    from tests.conftest import authed_client_class
 
     flask_app = create_app(hooks)
     flask_app.testing = True
@@ -40,14 +41,9 @@ def hook_client(hooks, sessions, broker, api_key):
 @pytest.fixture
 def hook_worker(hooks, sessions, broker):
     """A real worker (threads pool) on every queue, webhooks included, with the webhook settings."""
-    from celery.contrib.testing.worker import start_worker
-
-    import tasks.pipeline
-    import tasks.webhooks  # noqa: F401
+    import tasks.webhooks  # noqa: F401  registers the delivery tasks
     from tasks.celery_app import create_celery
 
     app = create_celery(hooks, set_as_current=False)
-    with start_worker(
-        app, pool="threads", concurrency=4, perform_ping_check=False, shutdown_timeout=30, loglevel="WARNING"
-    ):
+    with in_process_worker(app):
         yield app

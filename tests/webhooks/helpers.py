@@ -14,6 +14,7 @@ from standardwebhooks import Webhook
 from werkzeug import Request, Response
 
 from models.settings import Settings
+from tests.support.procs import wait_for
 
 Reply = Callable[[int, dict[str, Any]], Response]  # (call number from 1, payload) -> response
 
@@ -51,12 +52,10 @@ class Receiver:
         return [c for c in self.calls if 200 <= c.status < 300]
 
     def wait_for(self, check: Callable[[Receiver], bool], timeout: float = 30) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if check(self):
-                return
-            time.sleep(0.05)
-        raise AssertionError(f"receiver: condition not met in {timeout} s; got {self.summary()}")
+        try:
+            wait_for(lambda: check(self), timeout, 0.05, "the receiver's condition")
+        except AssertionError as exc:
+            raise AssertionError(f"receiver: {exc}; got {self.summary()}") from None
 
     def summary(self) -> list[tuple[str, int]]:
         return [(c.payload["type"], c.status) for c in self.calls]
@@ -89,9 +88,6 @@ def hook_settings(settings: Settings, **overrides: Any) -> Settings:
     return settings.model_copy(update=values | overrides)
 
 
-TERMINAL = {"succeeded", "failed", "canceled"}
-
-
 def submit(
     client,
     receiver: Receiver | None = None,
@@ -109,16 +105,6 @@ def submit(
     return resp.get_json()["id"]
 
 
-def wait_job(client, job_id: str, timeout: float = 30) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        job = client.get(f"/v1/jobs/{job_id}").get_json()
-        if job["status"] in TERMINAL:
-            return job
-        time.sleep(0.05)
-    raise AssertionError(f"job {job_id} did not finish")
-
-
 def deliveries(client, job_id: str) -> list[dict[str, Any]]:
     resp = client.get(f"/v1/jobs/{job_id}/webhook-deliveries")
     assert resp.status_code == 200
@@ -127,5 +113,3 @@ def deliveries(client, job_id: str) -> list[dict[str, Any]]:
 
 def secret(client) -> str:
     return client.get("/v1/webhooks/secret").get_json()["secret"]
-
-

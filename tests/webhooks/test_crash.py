@@ -20,6 +20,7 @@ from models import Job, states
 from models.db import transaction
 from models.webhook import WebhookMessage
 from tasks import names
+from tests.support.workers import in_process_worker
 from tests.webhooks.helpers import secret
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,10 +93,7 @@ def test_killed_between_commit_and_dispatch_still_delivers(
 def test_webhook_worker_killed_mid_delivery_is_redelivered_with_the_same_id(
     hooks, hook_client, receiver, sessions, broker
 ):
-    from celery.contrib.testing.worker import start_worker
-
-    import tasks.pipeline
-    import tasks.webhooks  # noqa: F401
+    import tasks.webhooks  # noqa: F401  registers the delivery tasks
     from tasks.celery_app import create_celery
 
     in_flight, release = threading.Event(), threading.Event()
@@ -125,7 +123,7 @@ def test_webhook_worker_killed_mid_delivery_is_redelivered_with_the_same_id(
         release.set()
     # A fresh worker and the relay finish the job: the message goes out again, same webhook-id.
     app = create_celery(hooks, set_as_current=False)
-    with start_worker(app, pool="threads", concurrency=2, perform_ping_check=False, loglevel="WARNING"):
+    with in_process_worker(app, concurrency=2, shutdown_timeout=10):
         # As beat does: relay ticks until the overdue delivery has been picked up again.
         deadline = time.monotonic() + 60
         while len(receiver.calls) < 2 and time.monotonic() < deadline:

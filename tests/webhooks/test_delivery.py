@@ -16,8 +16,9 @@ from werkzeug import Response
 from models import ssrf
 from models.webhook import DeliveryStatus, WebhookDelivery, WebhookEndpoint, WebhookMessage
 from tasks.webhooks import _lock_args
+from tests.support.api import wait_finished
 from tests.support.procs import wait_for
-from tests.webhooks.helpers import deliveries, secret, submit, wait_job
+from tests.webhooks.helpers import deliveries, secret, submit
 from tests.webhooks.test_ssrf import fake_dns
 
 
@@ -45,7 +46,7 @@ def wait_settled(sessions, job_id: str) -> None:
 
 def test_terminal_event_is_signed_and_carries_the_job_resource(hook_client, hook_worker, receiver, sessions):
     job_id = submit(hook_client, receiver)
-    job = wait_job(hook_client, job_id)
+    job = wait_finished(hook_client, job_id)
     receiver.wait_for(lambda r: len(r.calls) == 1)
     call = receiver.calls[0]
     payload = receiver.verify(secret(hook_client), call)  # the standardwebhooks package verifies it
@@ -81,7 +82,7 @@ def test_every_event_in_order_with_throttled_progress(hook_client, hook_worker, 
         modality="video",
         params={"width": 64, "height": 64, "num_frames": 5, "steps": 12},
     )
-    wait_job(hook_client, job_id)
+    wait_finished(hook_client, job_id)
     receiver.wait_for(lambda r: any(c.payload["type"] == "job.succeeded" for c in r.calls))
     key = secret(hook_client)
     payloads = [receiver.verify(key, c) for c in receiver.calls]
@@ -141,7 +142,7 @@ def test_exhausted_delivery_fails_and_replays_with_the_same_id(hook_client, hook
     receiver.reply = lambda n, p: Response("down", status=500)
     job_id = submit(hook_client, receiver)
     receiver.wait_for(lambda r: len(r.calls) == 3)
-    wait_job(hook_client, job_id)
+    wait_finished(hook_client, job_id)
     wait_settled(sessions, job_id)
     d = deliveries(hook_client, job_id)[0]
     assert (d["status"], d["attempts"]) == ("failed", 3)
@@ -161,7 +162,7 @@ def test_exhausted_delivery_fails_and_replays_with_the_same_id(hook_client, hook
 def test_410_disables_the_endpoint(hook_client, hook_worker, receiver, sessions):
     receiver.reply = lambda n, p: Response(status=410)
     job_id = submit(hook_client, receiver, events=["job.started", "job.text.completed", "job.succeeded"])
-    wait_job(hook_client, job_id)
+    wait_finished(hook_client, job_id)
     receiver.wait_for(lambda r: len(r.calls) == 1)
     wait_settled(sessions, job_id)
     assert len(receiver.calls) == 1, "nothing more goes to an endpoint that answered 410"
@@ -247,7 +248,7 @@ def test_redirects_are_not_followed(hook_client, hook_worker, receiver, httpserv
     receiver.reply = lambda n, p: Response(status=307, headers={"Location": elsewhere})
     job_id = submit(hook_client, receiver)
     receiver.wait_for(lambda r: len(r.calls) == 1)
-    wait_job(hook_client, job_id)
+    wait_finished(hook_client, job_id)
     wait_settled(sessions, job_id)
     [d] = deliveries(hook_client, job_id)
     assert (d["status"], d["last_status_code"], len(receiver.calls)) == ("failed", 307, 1)
@@ -269,7 +270,7 @@ def test_registered_endpoint_gets_every_event_until_deleted(hook_client, hook_wo
     assert hook_client.get("/v1/webhooks").get_json()["data"] == []
     assert hook_client.delete(f"/v1/webhooks/{endpoint['id']}").status_code == 404
     second = submit(hook_client)
-    wait_job(hook_client, second)
+    wait_finished(hook_client, second)
     wait_settled(sessions, second)  # its events were fanned out: to no endpoint
     assert len(receiver.calls) == 3
     with sessions() as s:
@@ -330,7 +331,7 @@ def test_cached_hits_and_followers_send_their_webhooks(hook_client, hook_worker,
     leader = hook_client.post("/v1/jobs", json=body).get_json()
     follower = hook_client.post("/v1/jobs", json=body).get_json()
     assert (follower["status"], follower["cached"]) == ("queued", True)  # attached to the leader
-    assert wait_job(hook_client, leader["id"])["status"] == "succeeded"
+    assert wait_finished(hook_client, leader["id"])["status"] == "succeeded"
     hit = hook_client.post("/v1/jobs", json=body)
     assert hit.status_code == 200 and hit.get_json()["cached"] is True  # answered from the cache
     ids = {leader["id"], follower["id"], hit.get_json()["id"]}

@@ -16,8 +16,9 @@ from sqlalchemy import func, select
 
 from models import Job, ssrf
 from models.webhook import WebhookEndpoint
+from tests.support.api import wait_finished
 from tests.support.procs import wait_for
-from tests.webhooks.helpers import deliveries, submit, wait_job
+from tests.webhooks.helpers import deliveries, submit
 
 REFUSED = [
     "http://127.0.0.1/hook",
@@ -193,7 +194,7 @@ def test_delivery_checks_again_and_refuses_a_rebound_name(
     fake_dns(monkeypatch, {"rebind.example": answer})
     port = receiver.url.split(":")[2].split("/")[0]
     job_id = submit(hook_client, url=f"http://rebind.example:{port}/hook")
-    wait_job(hook_client, job_id)
+    wait_finished(hook_client, job_id)
     deadline = time.monotonic() + 15
     while not (log := deliveries(hook_client, job_id)) or log[0]["status"] == "pending":
         assert time.monotonic() < deadline, log

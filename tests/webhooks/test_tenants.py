@@ -16,8 +16,8 @@ from models import Job
 from models.migrate import alembic_config, downgrade, upgrade
 from models.tenant import DEFAULT_TENANT_ID
 from models.webhook import WebhookDelivery, WebhookEndpoint, WebhookMessage
-from tests.conftest import authed_client_class, make_api_key
-from tests.webhooks.helpers import Receiver, deliveries, secret, serve, submit, wait_job
+from tests.support.api import authed_client_class, make_api_key, wait_finished
+from tests.webhooks.helpers import Receiver, deliveries, secret, serve, submit
 
 
 def _tenant(hook_client: FlaskClient, sessions, name: str) -> FlaskClient:
@@ -110,7 +110,7 @@ def test_another_tenants_endpoints_and_deliveries_do_not_exist(hook_client, hook
 
     # Our endpoint does not make acme's jobs write webhook messages at all.
     acme_job = submit(acme)
-    wait_job(acme, acme_job)
+    wait_finished(acme, acme_job)
     with sessions() as s:
         written = s.scalars(select(WebhookMessage).where(WebhookMessage.job_id == uuid.UUID(acme_job)))
         assert written.all() == []
