@@ -14,6 +14,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from models import Job
 from models.db import transaction
 from tasks.batching import Item, MicroBatcher
+from tasks.contract.publish import publish_job
 from tasks.generators.base import (
     InvalidRequest,
     TextGenerator,
@@ -22,7 +23,6 @@ from tasks.generators.base import (
     TransientGeneratorError,
     VideoGenerator,
 )
-from tasks.publish import publish_job
 from tests.support.procs import wait_for
 
 
@@ -303,8 +303,8 @@ def test_worker_batches_video_jobs_of_the_same_shape(settings, sessions, broker)
     from celery.contrib.testing.worker import start_worker
 
     import tasks.pipeline  # noqa: F401
-    from tasks import names
     from tasks.celery_app import create_celery
+    from tasks.contract import names
 
     app = create_celery(
         settings.model_copy(

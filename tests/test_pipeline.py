@@ -10,7 +10,7 @@ from sqlalchemy import select
 
 from models import Job, JobEvent
 from models.db import transaction
-from tasks.publish import publish_job
+from tasks.contract.publish import publish_job
 
 
 def _submit(sessions, celery_app, modality: str = "video", prompt: str = "a red fox", **params) -> uuid.UUID:

@@ -19,7 +19,7 @@ from werkzeug import Response
 from models import Job, states
 from models.db import transaction
 from models.webhook import WebhookMessage
-from tasks import names
+from tasks.contract import names
 from tests.webhooks.helpers import secret
 
 ROOT = Path(__file__).resolve().parents[2]
