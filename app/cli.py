@@ -85,8 +85,7 @@ def demo(prompt: str, modality: str, data_dir: Path, params: tuple[str, ...]) ->
         raise click.ClickException(f"job {job['status']}: {err.get('code')}: {err.get('message')}")
     click.echo(f"Text: {job['outputs']['text']}")
     if modality == "video":
-        from tasks.artifacts import job_dir
-        from tasks.names import VIDEO_NAME
+        from tasks.contract.names import VIDEO_NAME, job_dir
 
         click.echo(f"Video: {(job_dir(settings.artifact_dir, job['id']) / VIDEO_NAME).resolve()}")
 

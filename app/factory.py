@@ -15,8 +15,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from models import redaction
 from models.db import make_engine, make_session_factory
 from models.settings import Settings
-from tasks import webhook_dispatch
 from tasks.celery_app import create_celery  # publishing only: never tasks.pipeline or torch
+from tasks.contract.publish import wake_dispatch_on_commit
 
 EXTENSION = "genqueue"
 
@@ -102,5 +102,5 @@ def create_app(
     app.register_blueprint(health.bp)
     app.register_blueprint(openapi.bp)
     app.register_blueprint(webhooks.bp)
-    webhook_dispatch.install(app.extensions[EXTENSION].sessions, app.extensions[EXTENSION].celery)
+    wake_dispatch_on_commit(app.extensions[EXTENSION].sessions, app.extensions[EXTENSION].celery)
     return app

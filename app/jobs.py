@@ -43,9 +43,9 @@ from models.base import utcnow
 from models.db import autocommit, read_only, transaction
 from models.job import TERMINAL
 from models.resource import job_resource
+from tasks.contract.names import THUMBNAIL_NAME, stage_task_id
+from tasks.contract.publish import publish_compensation, publish_job
 from tasks.contract.transient import is_transient
-from tasks.names import THUMBNAIL_NAME, stage_task_id
-from tasks.publish import publish_compensation, publish_job
 
 log = logging.getLogger("genqueue.api")
 bp = Blueprint("jobs", __name__, url_prefix="/v1")

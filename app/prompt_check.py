@@ -8,7 +8,7 @@ import os
 import time
 from collections.abc import Callable
 
-from tasks.generators.prompt_limit import MAX_PROMPT_TOKENS, SYSTEM_PROMPT, PromptCounter, counter_for
+from tasks.contract.prompt_limit import MAX_PROMPT_TOKENS, SYSTEM_PROMPT, PromptCounter, counter_for
 
 log = logging.getLogger("genqueue.api")
 LOAD_WAIT_S = 30.0  # the first build from the GGUF takes seconds; later processes read a cache file

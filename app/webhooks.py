@@ -33,8 +33,8 @@ from models.webhook import (
     rotate_secret,
     signing_secrets,
 )
+from tasks.contract.publish import publish_dispatch
 from tasks.contract.transient import TRANSIENT_ERRORS
-from tasks.webhook_dispatch import publish_dispatch
 
 log = logging.getLogger("genqueue.api")
 bp = Blueprint("webhooks", __name__, url_prefix="/v1")

@@ -121,7 +121,7 @@ def submit_jobs(
     """Insert all rows in one transaction, then publish each: N jobs arriving at once."""
     from models import Job
     from models.db import transaction
-    from tasks.publish import publish_job
+    from tasks.contract.publish import publish_job
 
     jobs = [Job(id=uuid.uuid4(), modality=modality, prompt=p, params=dict(params)) for p in prompts]
     with transaction(sessions) as s:

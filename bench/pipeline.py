@@ -68,7 +68,7 @@ def genqueue(db_url: str, redis_url: str, pool: str, concurrency: int) -> Iterat
     from models.db import make_engine
     from models.settings import Settings
     from tasks.celery_app import create_celery
-    from tasks.publish import publish_job
+    from tasks.contract.publish import publish_job
 
     with tempfile.TemporaryDirectory(prefix="gq-bench-") as artifacts:
         env = python_env(

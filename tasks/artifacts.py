@@ -8,12 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from tasks.contract.names import THUMBNAIL_NAME, VIDEO_NAME, job_dir
 from tasks.media import encode_mp4, write_thumbnail
-from tasks.names import THUMBNAIL_NAME, VIDEO_NAME
-
-
-def job_dir(root: Path, job_id: uuid.UUID | str) -> Path:
-    return Path(root) / str(job_id)
 
 
 def write_video(root: Path, job_id: uuid.UUID, frames: np.ndarray, fps: int) -> tuple[str, int]:

@@ -1,34 +1,25 @@
-"""The Celery configuration, all in one place: queues, routing, delivery guarantees, limits."""
+"""Workers' Celery configuration: delivery guarantees, limits, beat; queues and routes from the contract."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from kombu import Queue
-
 from models.settings import Settings
-from tasks import names
+from tasks.contract import names
+from tasks.contract.routing import (
+    MAX_PRIORITY,
+    REDIS_PRIORITY,
+    broker_priority,
+    is_amqp,
+    task_queues,
+    task_routes,
+)
 from tasks.contract.stages import stage_specs
-from tasks.webhook_dispatch import beat_schedule as webhook_beat_schedule
-
-# Job priority -> broker priority. Redis sorts 0 first; RabbitMQ delivers higher numbers first.
-REDIS_PRIORITY = {"high": 0, "normal": 3, "low": 6}
-AMQP_PRIORITY = {"high": 9, "normal": 5, "low": 1}
-
-
-def is_amqp(broker_url: str) -> bool:
-    return broker_url.startswith(("amqp", "pyamqp"))
-
-
-def broker_priority(priority: str, broker_url: str) -> int:
-    table = AMQP_PRIORITY if is_amqp(broker_url) else REDIS_PRIORITY
-    return table.get(priority, table["normal"])
 
 
 def celery_config(s: Settings) -> dict[str, Any]:
     amqp = is_amqp(s.broker_url)
     specs = stage_specs(s)
-    queue_args = {"x-max-priority": 10} if amqp else None
     transport: dict[str, Any] = {}
     if s.broker_url.startswith("redis"):
         # Unacked messages come back after the visibility timeout, even while still running,
@@ -71,7 +62,7 @@ def celery_config(s: Settings) -> dict[str, Any]:
         "task_acks_late": True,
         # A worker publishing the next stage (or a retry) during a broker blip waits for the
         # broker (up to ~2 min) rather than failing a task whose work is done. The API passes
-        # its own short policy (tasks.publish) so clients get a quick 503 instead.
+        # its own short policy (tasks.contract.publish) so clients get a quick 503 instead.
         "task_publish_retry_policy": {
             "max_retries": 60,
             "interval_start": 0,
@@ -80,17 +71,10 @@ def celery_config(s: Settings) -> dict[str, Any]:
         },
         "task_reject_on_worker_lost": True,
         "worker_prefetch_multiplier": 1,
-        "task_queues": [Queue(q, routing_key=q, queue_arguments=queue_args) for q in names.ALL_QUEUES],
+        "task_queues": task_queues(s.broker_url),
         "task_default_queue": names.DEFAULT_QUEUE,
-        "task_routes": {
-            **{spec.task: {"queue": spec.queue} for spec in specs.values()},
-            names.COMPENSATE: {"queue": names.DEFAULT_QUEUE},
-            names.DELIVER_WEBHOOK: {"queue": names.WEBHOOKS_QUEUE},
-            names.RELAY_WEBHOOKS: {"queue": names.WEBHOOKS_QUEUE},
-            names.REAP_STUCK_JOBS: {"queue": names.DEFAULT_QUEUE},
-            names.EXPIRE_ARTIFACTS: {"queue": names.DEFAULT_QUEUE},
-        },
-        "task_queue_max_priority": 10,
+        "task_routes": task_routes(s),
+        "task_queue_max_priority": MAX_PRIORITY,
         "task_default_priority": broker_priority("normal", s.broker_url),
         "task_annotations": {
             spec.task: {"soft_time_limit": spec.soft_time_limit_s, "time_limit": spec.time_limit_s}
@@ -112,6 +96,11 @@ def celery_config(s: Settings) -> dict[str, Any]:
                 "schedule": s.reaper_interval_s,
                 "options": {"expires": s.reaper_interval_s},
             },
-            **webhook_beat_schedule(s),
+            # A backlog of relay ticks is worth one tick.
+            "relay-webhooks": {
+                "task": names.RELAY_WEBHOOKS,
+                "schedule": s.webhook_relay_interval_s,
+                "options": {"expires": s.webhook_relay_interval_s},
+            },
         },
     }

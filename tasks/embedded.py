@@ -15,8 +15,8 @@ from models.keys import authenticate, create_key
 from models.migrate import upgrade
 from models.settings import Settings
 from models.tenant import DEFAULT_TENANT_NAME
-from tasks import names
 from tasks.celery_app import create_celery
+from tasks.contract import names
 from tasks.lifecycle import preload_models
 
 log = logging.getLogger("genqueue.embedded")

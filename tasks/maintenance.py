@@ -15,10 +15,11 @@ from models.base import utcnow
 from models.db import transaction
 from models.recovery import FINISHED_UNSUCCESSFULLY, claim_recovery, log_recovery, undo_recovery
 from models.settings import Settings
-from tasks import compensation, failures, inflight, names
+from tasks import compensation, failures, inflight
+from tasks.contract import names
+from tasks.contract.publish import publish_job
 from tasks.contract.stages import ENTRY_STAGE, QUEUES
 from tasks.contract.transient import TRANSIENT_ERRORS
-from tasks.publish import publish_job
 from tasks.runtime import Runtime, runtime
 
 log = logging.getLogger(__name__)

@@ -17,8 +17,9 @@ from celery import Task, shared_task
 from models import Job, Stage, states
 from models.db import transaction
 from models.recovery import deadline_in, entry_deadline
-from tasks import artifacts, compensation, degrade, failures, names
+from tasks import artifacts, compensation, degrade, failures
 from tasks.batching import run_batched
+from tasks.contract import names
 from tasks.contract.stages import ENTRY_STAGE, is_final
 from tasks.generators.base import TextRequest, VideoRequest
 from tasks.runtime import Runtime, runtime

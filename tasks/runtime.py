@@ -13,8 +13,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from models.db import make_engine, make_session_factory
 from models.settings import Settings
-from tasks import webhook_dispatch
 from tasks.celery_app import app_settings
+from tasks.contract.publish import wake_dispatch_on_commit
 
 
 @dataclass
@@ -47,7 +47,7 @@ def runtime(app: Celery) -> Runtime:
                 connect_timeout=settings.db_connect_timeout_s,
             )
             rt = Runtime(settings, engine, make_session_factory(engine), os.getpid())
-            webhook_dispatch.install(rt.sessions, app)  # transitions wake the webhook dispatcher
+            wake_dispatch_on_commit(rt.sessions, app)  # transitions wake the webhook dispatcher
             _runtimes[key] = rt
         return rt
 

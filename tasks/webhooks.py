@@ -38,9 +38,10 @@ from models.webhook import (
     endpoints_for,
     signing_secrets,
 )
-from tasks import names, webhook_send
+from tasks import webhook_send
+from tasks.contract import names
+from tasks.contract.publish import publish_dispatch
 from tasks.runtime import Runtime, runtime
-from tasks.webhook_dispatch import publish_dispatch
 from tasks.webhook_send import Outcome, Verdict
 
 log = logging.getLogger("genqueue.webhooks")

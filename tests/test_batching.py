@@ -13,6 +13,7 @@ from celery.exceptions import SoftTimeLimitExceeded
 from models import Job
 from models.db import transaction
 from tasks.batching import Item, MicroBatcher
+from tasks.contract.publish import publish_job
 from tasks.generators.base import (
     InvalidRequest,
     TextGenerator,
@@ -21,7 +22,6 @@ from tasks.generators.base import (
     TransientGeneratorError,
     VideoGenerator,
 )
-from tasks.publish import publish_job
 from tests.support.jobs import wait_all_done
 from tests.support.procs import wait_for
 from tests.support.workers import in_process_worker
@@ -280,8 +280,8 @@ class RecordingVideo(VideoGenerator):
 
 
 def test_worker_batches_video_jobs_of_the_same_shape(settings, sessions, broker) -> None:
-    from tasks import names
     from tasks.celery_app import create_celery
+    from tasks.contract import names
 
     app = create_celery(
         settings.model_copy(

@@ -178,7 +178,7 @@ def test_a_duplicated_video_message_makes_one_artifact_and_one_completion(
     stage runs and after it finished: the one during the run re-enters the stage (counted as an
     attempt; the stage may run twice, its effects happen once), the later ones do nothing."""
     from tasks.celery_app import create_celery
-    from tasks.publish import publish_job
+    from tasks.contract.publish import publish_job
 
     monkeypatch.setenv("GENQUEUE_ECHO_STEP_SECONDS", "0.2")  # 20 steps: ~4 s of video stage
     tag = f"dup-{uuid.uuid4().hex[:8]}"

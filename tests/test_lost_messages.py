@@ -19,11 +19,12 @@ from sqlalchemy import update
 from models import Job, JobStatus
 from models.base import utcnow
 from models.db import transaction
-from tasks import inflight, names
+from tasks import inflight
 from tasks.celery_app import create_celery
-from tasks.config import REDIS_PRIORITY
+from tasks.contract import names
+from tasks.contract.publish import publish_job
+from tasks.contract.routing import REDIS_PRIORITY
 from tasks.maintenance import SUSPECTS, reap
-from tasks.publish import publish_job
 from tasks.runtime import runtime
 from tests.support.jobs import create_job, event_rows, events, get, wait_done
 from tests.support.workers import thread_workers

@@ -22,9 +22,10 @@ import pytest
 
 from models import states
 from models.db import transaction
-from tasks import inflight, names
+from tasks import inflight
 from tasks.celery_app import create_celery
-from tasks.publish import publish_job
+from tasks.contract import names
+from tasks.contract.publish import publish_job
 from tests.support.jobs import create_job, event_rows, events, get, wait_done, wait_until
 from tests.support.procs import ROOT, Worker, wait_for, worker_env
 

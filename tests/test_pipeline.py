@@ -8,7 +8,7 @@ import av
 from sqlalchemy import select
 
 from models import JobEvent
-from tasks.publish import publish_job
+from tasks.contract.publish import publish_job
 from tests.support.jobs import create_job, wait_done
 
 

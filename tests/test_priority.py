@@ -14,10 +14,10 @@ from sqlalchemy import func, insert, select
 
 from models import Job
 from models.base import utcnow
-from tasks import names
 from tasks.celery_app import create_celery
-from tasks.config import broker_priority
-from tasks.publish import publish_job
+from tasks.contract import names
+from tasks.contract.publish import publish_job
+from tasks.contract.routing import broker_priority
 from tests.support.procs import wait_for
 from tests.support.workers import in_process_worker
 

@@ -1,7 +1,7 @@
 """The text model's prompt limit is checked at submit, counted as the worker counts it, without torch.
 
 The web rebuilds SmolLM2's tokenizer from the GGUF with `tokenizers` and renders its chat template
-with jinja2 (tasks.generators.prompt_limit); the slow test holds those counts to the worker's own
+with jinja2 (tasks.contract.prompt_limit); the slow test holds those counts to the worker's own
 (transformers' tokenizer and CausalLMGenerator.prompt_ids) on generated prompts and at the boundary.
 """
 
@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from sqlalchemy import func, select
 
 from models import Job
-from tasks.generators.prompt_limit import MAX_PROMPT_TOKENS, PromptCounter, counter_for
+from tasks.contract.prompt_limit import MAX_PROMPT_TOKENS, PromptCounter, counter_for
 
 EMOJI = "\U0001f600" * 4000  # the reported case: 4000 characters, 12067 tokens once rendered
 # Emoji (3 tokens each) and words: the limit falls inside 4000 characters.

@@ -15,8 +15,8 @@ from models import IdempotencyKey, Job, JobStatus
 from models.base import utcnow
 from models.db import transaction
 from models.tenant import DEFAULT_TENANT_ID
-from tasks import names
 from tasks.config import celery_config
+from tasks.contract import names
 from tasks.maintenance import reap
 from tasks.runtime import runtime
 from tests.support.jobs import broker_idle, create_job, event_rows, events, get, wait_done

@@ -9,9 +9,11 @@ from celery import Celery
 
 from models import Modality, Stage
 from models.settings import Settings
-from tasks import failures, names
+from tasks import failures
 from tasks.batching import batcher_for
 from tasks.config import celery_config
+from tasks.contract import names
+from tasks.contract.publish import publish_job
 from tasks.contract.stages import (
     ENTRY_STAGE,
     PIPELINES,
@@ -22,7 +24,6 @@ from tasks.contract.stages import (
     stages_from,
 )
 from tasks.generators.base import TextRequest, VideoRequest
-from tasks.publish import publish_job
 
 
 def _settings(**overrides: Any) -> Settings:

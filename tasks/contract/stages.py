@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 from models.job import Modality, Stage
 from models.settings import Settings
-from tasks import names
+from tasks.contract import names
 
-# Wire names: renaming one strands the messages already queued (see tasks.names).
+# Wire names: renaming one strands the messages already queued (see tasks.contract.names).
 TASKS: Mapping[Stage, str] = {Stage.TEXT: names.GENERATE_TEXT, Stage.VIDEO: names.GENERATE_VIDEO}
 QUEUES: Mapping[Stage, str] = {Stage.TEXT: names.TEXT_QUEUE, Stage.VIDEO: names.VIDEO_QUEUE}
 

@@ -22,6 +22,8 @@ from transformers import (
     StoppingCriteriaList,
 )
 
+# The limit and the system prompt are shared with the API, which checks prompts at submit.
+from tasks.contract.prompt_limit import MAX_PROMPT_TOKENS, SYSTEM_PROMPT
 from tasks.generators.base import (
     CancelCheck,
     Canceled,
@@ -31,9 +33,6 @@ from tasks.generators.base import (
     TextResult,
 )
 from tasks.generators.device import dir_version, map_oom, pick_device
-
-# The limit and the system prompt are shared with the API, which checks prompts at submit.
-from tasks.generators.prompt_limit import MAX_PROMPT_TOKENS, SYSTEM_PROMPT
 
 log = logging.getLogger(__name__)
 

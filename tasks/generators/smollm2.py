@@ -12,10 +12,9 @@ from typing import Any
 
 from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
-from tasks.generators.hf_causal import CausalLMGenerator
-
 # Torch-free, shared with the API's prompt check; re-exported under their old names here.
-from tasks.generators.prompt_limit import cache_root, gguf_file
+from tasks.contract.prompt_limit import cache_root, gguf_file
+from tasks.generators.hf_causal import CausalLMGenerator
 
 log = logging.getLogger(__name__)
 

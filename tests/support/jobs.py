@@ -29,7 +29,7 @@ def create_job(sessions: Any, modality: str = "video", prompt: str = "a red fox"
 
 def submit(sessions: Any, app: Celery, modality: str = "video", prompt: str = "a red fox", **params: Any):
     """Commit a job and publish its chain, as the API does."""
-    from tasks.publish import publish_job
+    from tasks.contract.publish import publish_job
 
     jid = create_job(sessions, modality, prompt, **params)
     publish_job(app, jid, modality, "normal")
@@ -114,7 +114,7 @@ def broker_messages(broker: Any, queue: str) -> list[dict[str, Any]]:
 
 def broker_idle(client: Any) -> bool:
     """No message waiting in any queue of this Redis db and none delivered but unacked."""
-    from tasks.names import ALL_QUEUES
+    from tasks.contract.names import ALL_QUEUES
 
     for key in client.scan_iter():
         name = key.decode()

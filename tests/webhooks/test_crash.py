@@ -19,7 +19,7 @@ from werkzeug import Response
 from models import Job, states
 from models.db import transaction
 from models.webhook import WebhookMessage
-from tasks import names
+from tasks.contract import names
 from tests.support.workers import in_process_worker
 from tests.webhooks.helpers import secret
 

@@ -1,15 +1,17 @@
-"""Publishing a committed job to the broker as a text -> video chain."""
+"""What web and workers send by task name: a job's stage chain, its compensation, webhook dispatch."""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 
 from celery import Celery
 from celery.canvas import Signature
+from sqlalchemy.orm import Session, sessionmaker
 
-from models import Stage
-from tasks import names
-from tasks.config import broker_priority
+from models import Stage, outbox
+from tasks.contract import names
+from tasks.contract.routing import broker_priority
 from tasks.contract.stages import ENTRY_STAGE, TASKS, stages_from
 
 
@@ -58,3 +60,22 @@ def publish_job(
         retry_policy={"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5},
         **first.options,
     )
+
+
+def publish_dispatch(app: Celery, job_ids: Iterable[uuid.UUID], countdown: float | None = None) -> None:
+    """Send one webhook dispatch per job to the webhooks queue, by task name (no import of the task)."""
+    for job_id in job_ids:
+        app.send_task(
+            names.DELIVER_WEBHOOK,
+            args=(str(job_id),),
+            countdown=countdown,
+            # Right after a commit, on a GPU worker's or a request's path: one quick try. If the
+            # broker is down the message waits in the outbox and the relay sends it later.
+            retry=True,
+            retry_policy={"max_retries": 1, "interval_start": 0, "interval_step": 0.2},
+        )
+
+
+def wake_dispatch_on_commit(sessions: sessionmaker[Session], app: Celery) -> None:
+    """Every commit through `sessions` that wrote outbox messages wakes their jobs' dispatchers."""
+    outbox.on_commit(sessions, lambda job_ids: publish_dispatch(app, job_ids))

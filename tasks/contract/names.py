@@ -1,6 +1,9 @@
-"""Queue names and stable task names: the contract between publishers and workers."""
+"""Queue names, stable task names and artifact file names: the wire vocabulary of web and workers."""
 
 from __future__ import annotations
+
+import uuid
+from pathlib import Path
 
 # Queues. GPU stages get their own so each is served by workers sized for its model.
 TEXT_QUEUE = "text"
@@ -19,9 +22,15 @@ REAP_STUCK_JOBS = "genqueue.reap_stuck_jobs"
 EXPIRE_ARTIFACTS = "genqueue.expire_artifacts"
 
 
-# A finished video job's files, inside its folder under the artifact directory.
+# A finished video job's files, inside its folder under the artifact directory: workers write
+# them (tasks.artifacts), the API serves them (app.jobs).
 VIDEO_NAME = "video.mp4"
 THUMBNAIL_NAME = "thumbnail.jpg"
+
+
+def job_dir(root: Path, job_id: uuid.UUID | str) -> Path:
+    """A job's folder under the artifact directory."""
+    return Path(root) / str(job_id)
 
 
 def stage_task_id(job_id: str, stage: str) -> str:
