@@ -15,7 +15,7 @@ from typing import Any
 from flask import Blueprint, Response, current_app, jsonify, request, send_from_directory
 from flask.blueprints import BlueprintSetupState
 from pydantic import ValidationError
-from sqlalchemy import Select, bindparam, delete, select, tuple_
+from sqlalchemy import Select, bindparam, select, tuple_
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -272,9 +272,7 @@ def _answer(job: Job, resource: dict[str, Any], replayed: bool = False) -> Answe
 def _discard(job_id: uuid.UUID) -> None:
     try:
         with transaction(services().sessions) as s:
-            # Fails any identical job that attached to this one meanwhile, then removes it.
-            states.fail(s, job_id, "unavailable", "the job queue was unavailable", None)
-            s.execute(delete(Job).where(Job.id == job_id))
+            states.withdraw(s, job_id)
     except Exception:
         log.exception("job %s not published and could not be deleted", job_id)
 

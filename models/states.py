@@ -13,7 +13,7 @@ from datetime import datetime
 from functools import cache
 from typing import Any
 
-from sqlalchemy import ColumnElement, Update, and_, bindparam, inspect, update
+from sqlalchemy import ColumnElement, Update, and_, bindparam, delete, inspect, update
 from sqlalchemy.orm import Session
 
 from models import outbox
@@ -294,3 +294,14 @@ def cancel(session: Session, job_id: uuid.UUID) -> bool:
         },
         "job.canceled",
     )
+
+
+def withdraw(session: Session, job_id: uuid.UUID) -> None:
+    """A submit whose message could not be published: the job was never accepted, so it goes.
+
+    Nothing may stay queued without a message. Failing it first fails any identical job that
+    attached to it as a cache follower meanwhile; deleting it frees its Idempotency-Key for
+    the client's retry.
+    """
+    fail(session, job_id, "unavailable", "the job queue was unavailable", None)
+    session.execute(delete(Job).where(Job.id == job_id))

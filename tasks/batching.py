@@ -45,6 +45,9 @@ from tasks.generators.registry import get_generator
 
 log = logging.getLogger(__name__)
 
+# A stage's progress callback for its own request: on_progress(step, total_steps).
+ProgressCallback = Callable[[int, int], None]
+
 CANCEL_POLL_S = 1.0  # how often a waiting caller checks its job for a cancel (GIL wake-ups cost the batch)
 
 
@@ -54,7 +57,7 @@ class Item:
 
     request: Any
     deadline: float  # time.monotonic() after which the caller no longer waits
-    on_step: Callable[[int, int], None] | None = None  # (step, total) for this request only
+    on_progress: ProgressCallback | None = None  # this request's steps only
     enqueued: float = field(default_factory=time.monotonic)
     done: threading.Event = field(default_factory=threading.Event)
     result: Any = None
@@ -105,11 +108,11 @@ class MicroBatcher:
         *,
         deadline: float,
         should_cancel: CancelCheck | None = None,
-        on_step: Callable[[int, int], None] | None = None,
+        on_progress: ProgressCallback | None = None,
         expected: bool = False,
     ) -> Any:
         """Block until this request's result is ready; raises its own error, Canceled or a timeout."""
-        item = Item(request, deadline, on_step)
+        item = Item(request, deadline, on_progress)
         with self._cond:
             if expected:
                 self._coming = max(0, self._coming - 1)
@@ -208,27 +211,40 @@ def _all_gone(batch: list[Item]) -> CancelCheck:
     return lambda: all(i.gone() for i in batch)
 
 
+def _step_callback(progress: Sequence[ProgressCallback | None]) -> StepCallback | None:
+    """The one reshaping between the callers' progress callbacks and the adapter's on_step.
+
+    The adapter reports (index into the call's requests, step, total); each caller hears only
+    its own request's (step, total).
+    """
+    if all(p is None for p in progress):
+        return None
+
+    def on_step(index: int, step: int, total: int) -> None:
+        callback = progress[index]
+        if callback is not None:
+            callback(step, total)
+
+    return on_step
+
+
 def _generate(
     gen: TextGenerator | VideoGenerator,
     requests: Sequence[Any],
-    on_step: StepCallback | None,
+    progress: Sequence[ProgressCallback | None],
     should_cancel: CancelCheck | None,
 ) -> Sequence[Any]:
     """One generate() call; only video adapters report steps (the text contract takes no on_step)."""
     if isinstance(gen, VideoGenerator):
-        return gen.generate(requests, on_step=on_step, should_cancel=should_cancel)
+        return gen.generate(requests, on_step=_step_callback(progress), should_cancel=should_cancel)
     return gen.generate(requests, should_cancel=should_cancel)
 
 
 def _runner(spec: StageSpec) -> RunBatch:
     def run(batch: list[Item]) -> Sequence[Any]:
-        def on_step(index: int, step: int, total: int) -> None:
-            callback = batch[index].on_step
-            if callback is not None:
-                callback(step, total)
-
         gen = get_generator(spec.stage, spec.model, spec.dtype)
-        return _generate(gen, [i.request for i in batch], on_step, _all_gone(batch))
+        requests, progress = [i.request for i in batch], [i.on_progress for i in batch]
+        return _generate(gen, requests, progress, _all_gone(batch))
 
     return run
 
@@ -272,7 +288,7 @@ def run_batched(
     stage: Stage,
     request: TextRequest | VideoRequest,
     should_cancel: CancelCheck | None = None,
-    on_step: StepCallback | None = None,
+    on_progress: ProgressCallback | None = None,
     model: str | None = None,
 ) -> Any:
     """The stage's one result, computed in a batch with whatever else this worker is running.
@@ -284,18 +300,17 @@ def run_batched(
         # A prefork child or the solo pool runs one task per process: nobody to batch with, and
         # the soft time limit (a signal to this thread) must interrupt generate() itself.
         gen = get_generator(spec.stage, spec.model, spec.dtype)
-        [result] = _generate(gen, [request], on_step, should_cancel)
+        [result] = _generate(gen, [request], [on_progress], should_cancel)
         return result
     batcher = batcher_for(stage, settings, model)
     started = getattr(_local, "started", None) or time.monotonic()
     expected = getattr(_local, "batcher", None) is batcher
     _local.batcher = None
-    step = (lambda s, t: on_step(0, s, t)) if on_step is not None else None
     return batcher.submit(
         request,
         deadline=started + _soft_limit(task, spec),
         should_cancel=should_cancel,
-        on_step=step,
+        on_progress=on_progress,
         expected=expected,
     )
 

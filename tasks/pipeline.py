@@ -17,11 +17,13 @@ from celery import Task, shared_task
 from models import Job, Stage, states
 from models.db import transaction
 from models.recovery import deadline_in, entry_deadline
-from tasks import artifacts, compensation, degrade, failures
+from models.settings import Settings
+from tasks import artifacts, compensation, degrade, failures, outcome
 from tasks.batching import run_batched
 from tasks.contract import names
 from tasks.contract.stages import ENTRY_STAGE, is_final
-from tasks.generators.base import TextRequest, VideoRequest
+from tasks.generators.base import TextRequest, VideoRequest, VideoResult
+from tasks.outcome import Outcome
 from tasks.runtime import Runtime, runtime
 from tasks.watch import JobWatch
 
@@ -109,16 +111,26 @@ def generate_video(self: Task[[str], None], job_id: str) -> None:
 
 
 def _video_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID) -> None:
+    """Enter, generate, persist, finish; what the end means for the files is outcome.settle's call."""
     job = _enter_stage(rt, jid, Stage.VIDEO)
     if job is None:
-        # A redelivery after the success was committed (its worker killed before the sweep
-        # and the ack): do the sweep that attempt may have missed, or temp files stay forever.
-        if compensation.is_succeeded(rt, jid):
-            artifacts.sweep_temp(rt.artifact_dir, jid)
+        outcome.settle(rt, jid, Outcome.SKIPPED)
         return
-    s_ = rt.settings
+    request = _video_request(job, rt.settings)
+    try:
+        result, seconds = _render(self, rt, job, request)
+        relpath, size = artifacts.write_video(rt.artifact_dir, jid, result.frames, result.fps)
+    except Exception as exc:
+        failures.handle(self, rt, job, Stage.VIDEO, exc, video_request=request)
+    with transaction(rt.sessions) as s:
+        done = states.complete_video(s, jid, relpath, size, seconds)
+    outcome.settle(rt, jid, Outcome.COMPLETED if done else Outcome.OVERTAKEN)
+
+
+def _video_request(job: Job, s_: Settings) -> VideoRequest:
+    """The request as the client asked for it (degrade.apply may shrink what actually runs)."""
     p: dict[str, Any] = job.params or {}
-    request = VideoRequest(
+    return VideoRequest(
         prompt=job.output_text or job.prompt,
         width=int(p.get("width", s_.default_width)),
         height=int(p.get("height", s_.default_height)),
@@ -127,27 +139,22 @@ def _video_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID) -> None:
         steps=int(p.get("steps", s_.default_steps)),
         seed=p.get("seed"),
     )
-    run_request, model = degrade.apply(job, request, s_)
-    watch = JobWatch(rt, jid, Stage.VIDEO, progress_from=TEXT_DONE_PROGRESS, progress_to=95)
-    try:
-        started = time.monotonic()
-        result = run_batched(
-            self, s_, Stage.VIDEO, run_request,
-            should_cancel=watch.canceled, on_step=watch.on_step, model=model,
-        )  # fmt: skip
-        if result.error is not None:
-            raise result.error
-        seconds = round(time.monotonic() - started, 3)
-        relpath, size = artifacts.write_video(rt.artifact_dir, jid, result.frames, result.fps)
-    except Exception as exc:
-        failures.handle(self, rt, job, Stage.VIDEO, exc, video_request=request)
-    with transaction(rt.sessions) as s:
-        done = states.complete_video(s, jid, relpath, size, seconds)
-    if done or compensation.is_succeeded(rt, jid):
-        artifacts.sweep_temp(rt.artifact_dir, jid)  # leftovers of an attempt killed mid-write
-    else:
-        # Canceled (or failed by the reaper) while rendering: the files are orphans now.
-        compensation.compensate_job(rt, jid)
+
+
+def _render(
+    self: Task[[str], None], rt: Runtime, job: Job, request: VideoRequest
+) -> tuple[VideoResult, float]:
+    """The frames (degraded if an earlier attempt recorded a plan) and the seconds they took."""
+    run_request, model = degrade.apply(job, request, rt.settings)
+    watch = JobWatch(rt, job.id, Stage.VIDEO, progress_from=TEXT_DONE_PROGRESS, progress_to=95)
+    started = time.monotonic()
+    result: VideoResult = run_batched(
+        self, rt.settings, Stage.VIDEO, run_request,
+        should_cancel=watch.canceled, on_progress=watch.on_step, model=model,
+    )  # fmt: skip
+    if result.error is not None:
+        raise result.error
+    return result, round(time.monotonic() - started, 3)
 
 
 @shared_task(bind=True, name=names.COMPENSATE)

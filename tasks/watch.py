@@ -35,7 +35,8 @@ class JobWatch:
         self._last_event = utcnow()
         self._canceled = False
 
-    def on_step(self, _index: int, step: int, total: int) -> None:
+    def on_step(self, step: int, total: int) -> None:
+        """The stage's progress callback (batching's ProgressCallback): step of total done."""
         now = time.monotonic()
         if now - self._last_progress < self.interval:
             return  # the last step too: the stage's completion follows it and sets progress itself

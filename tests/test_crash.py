@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from models import states
+from models.db import transaction
 from tests.support.generators import runs
 from tests.support.jobs import broker_idle, event_rows, events, files, get, submit, wait_done
 from tests.support.jobs import wait_until as wait_job
@@ -265,3 +267,25 @@ def test_soft_time_limit_in_a_prefork_worker_degrades_or_fails_cleanly(
     nxt = submit(sessions, app, width=64, height=64, steps=2)
     assert wait_done(sessions, nxt, timeout=120).status == "succeeded"
     assert video.pool_children() == [child]  # the same pool child, alive
+
+
+@pytest.mark.slow
+def test_a_cancel_the_adapter_misses_leaves_no_files_once_the_stage_ends(settings, sessions, broker, spawn):
+    """A prefork render that cannot see the cancel writes its MP4 anyway; the stage's final
+    transition then finds the job canceled and removes those late files itself (its `overtaken`
+    outcome). The job is canceled in the database only, so no compensate message tidies up."""
+    deaf = settings.model_copy(update={"video_model": f"{GEN}:DeafVideo"})
+    spawn(deaf, "text,default", pool="threads", concurrency=2)
+    spawn(deaf, "video", GENQUEUE_ECHO_STEP_SECONDS=STEP_S)
+    from tasks.celery_app import create_celery
+
+    app = create_celery(deaf, set_as_current=False)
+    jid = submit(sessions, app, **LONG)
+    _mid_video(sessions, jid)
+    with transaction(sessions) as s:
+        assert states.cancel(s, jid)
+    wait_for(lambda: "job.compensated" in events(sessions, jid), 60, what="the stage's compensation")
+    job = get(sessions, jid)
+    assert job.status == "canceled" and job.artifact_path is None
+    assert files(settings.artifact_dir, jid) == []
+    assert len(event_rows(sessions, jid, "job.compensated")) == 1

@@ -133,6 +133,18 @@ class TracedVideo(EchoVideoGenerator):
             return super().run_batch(requests, step, should_cancel)
 
 
+class DeafVideo(TracedVideo):
+    """TracedVideo that never checks for cancel: an adapter that cannot stop inside its call."""
+
+    def run_batch(
+        self,
+        requests: Sequence[VideoRequest],
+        on_step: StepCallback | None = None,
+        should_cancel: CancelCheck | None = None,
+    ) -> list[VideoResult]:
+        return super().run_batch(requests, on_step, None)
+
+
 class SizeLimitedVideo(EchoVideoGenerator):
     """Raises OutOfMemory (as a CUDA OOM maps to) above GENQUEUE_TEST_MAX_PIXELS (default 64*64)."""
 

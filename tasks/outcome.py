@@ -1,0 +1,32 @@
+"""What a stage's end means for the job's files: the one place that decides sweep or compensate."""
+
+from __future__ import annotations
+
+import enum
+import uuid
+
+from tasks import artifacts, compensation
+from tasks.runtime import Runtime
+
+
+class Outcome(enum.Enum):
+    """How a stage attempt ended, as far as the job's files are concerned."""
+
+    SKIPPED = "skipped"  # the stage had nothing to do: a redelivery, a stray message
+    COMPLETED = "completed"  # this attempt's final transition recorded the success
+    OVERTAKEN = "overtaken"  # the final transition found the job no longer running
+
+
+def settle(rt: Runtime, job_id: uuid.UUID, outcome: Outcome) -> None:
+    """Tidy the job's files after a stage attempt that got past its failure handling.
+
+    A succeeded job keeps its artifacts and loses only the temp leftovers of an attempt killed
+    mid-write (a skipped redelivery after a committed success may be the only chance to sweep
+    them). A job canceled or failed (by the client, the reaper) while this attempt rendered
+    has orphan files now: compensate it. A skipped message that finds the job not succeeded
+    leaves its files alone: whoever moved the job there owns the cleanup.
+    """
+    if outcome is Outcome.COMPLETED or compensation.is_succeeded(rt, job_id):
+        artifacts.sweep_temp(rt.artifact_dir, job_id)
+    elif outcome is Outcome.OVERTAKEN:
+        compensation.compensate_job(rt, job_id)
