@@ -25,8 +25,8 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.errors import Overloaded, PlanLimitExceeded, QuotaExceeded
-from app.factory import extension
 from app.quota import ActiveJobs
+from app.services import extension
 from models import Job, JobStatus
 from models.base import utcnow
 from models.job import ACTIVE

@@ -12,7 +12,7 @@ from flask import Flask, current_app, g, request
 from sqlalchemy import Select
 
 from app.errors import Unauthorized
-from app.factory import services
+from app.services import services
 from models import Job
 from models.db import read_only
 from models.keys import Principal, authenticate, hash_key

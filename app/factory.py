@@ -1,51 +1,21 @@
-"""The app factory and the services its request handlers share (settings, engine, sessions, Celery)."""
+"""The app factory: create_app builds the Flask API from Settings."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from celery import Celery
-from flask import Flask, current_app
-from sqlalchemy import Engine
-from sqlalchemy.orm import Session, sessionmaker
+from flask import Flask
 
+from app import admission, auth, errors, health, jobs, limits, metrics, openapi, webhooks
+from app.services import EXTENSION, Services
 from models import redaction
 from models.db import make_engine, make_session_factory
 from models.settings import Settings
 from tasks.celery_app import create_celery  # publishing only: never tasks.pipeline or torch
 from tasks.contract.publish import wake_dispatch_on_commit
-
-EXTENSION = "genqueue"
-
-_T = TypeVar("_T")
-
-
-@dataclass(frozen=True)
-class Services:
-    """What the request handlers share: built once per app, never at import time."""
-
-    settings: Settings
-    engine: Engine
-    sessions: sessionmaker[Session]
-    celery: Celery
-    artifact_dir: Path
-    metrics: Any  # app.metrics.Metrics
-
-
-def services() -> Services:
-    return extension(EXTENSION, Services)
-
-
-def extension(name: str, kind: type[_T]) -> _T:
-    """The current app's extension `name`, checked to be a `kind` (Flask types them all as Any)."""
-    value = current_app.extensions[name]
-    if not isinstance(value, kind):
-        raise TypeError(f"app.extensions[{name!r}] is a {type(value).__name__}, not a {kind.__name__}")
-    return value
-
 
 _SETTINGS_ALIASES = {"DATABASE_URL", "BROKER_URL"}
 
@@ -63,9 +33,6 @@ def create_app(
     config: Settings | Mapping[str, Any] | None = None, *, celery_app: Celery | None = None
 ) -> Flask:
     """Build the API. Connections to Postgres and the broker open lazily, on first use."""
-    # Imported here, not at the top: these modules import `services` from this package.
-    from app import admission, auth, errors, health, jobs, limits, metrics, openapi, webhooks
-
     settings, flask_conf = _settings(config)
     redaction.install()
     app = Flask(__name__)

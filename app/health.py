@@ -11,7 +11,7 @@ from flask import Blueprint, Response, jsonify
 from sqlalchemy import text
 
 from app.errors import ServiceUnavailable
-from app.factory import services
+from app.services import services
 
 log = logging.getLogger("genqueue.api")
 bp = Blueprint("health", __name__, url_prefix="/v1")

@@ -32,11 +32,11 @@ from app.errors import (
     UnsupportedMediaType,
     ValidationFailed,
 )
-from app.factory import extension, services
 from app.prompt_check import PromptCheck
 from app.published import PublishedMarks
 from app.queue import QueueCounts
 from app.schemas import ListQuery, complete_params, field_errors, parse_job
+from app.services import extension, services
 from app.waiting import Waiters, prefer_wait
 from models import Job, JobStatus, Stage, cache, states
 from models.base import utcnow

@@ -9,10 +9,10 @@ from flask import Blueprint, Response, current_app, jsonify
 from pydantic import TypeAdapter
 
 from app import openapi_rules, webhooks_openapi
-from app.factory import extension
 from app.openapi_models import Health, Job, JobList, Problem, Ready
 from app.openapi_parts import REF, json_answer, op, param, problems, ref
 from app.schemas import job_create_adapter
+from app.services import extension
 
 bp = Blueprint("openapi", __name__)
 def _schemas() -> dict[str, Any]:

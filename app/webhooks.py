@@ -14,9 +14,9 @@ from sqlalchemy.exc import IntegrityError
 
 from app.auth import owned, tenant_id
 from app.errors import Conflict, NotFound, ValidationFailed
-from app.factory import services
 from app.jobs import _json_body, _load
 from app.schemas import field_errors
+from app.services import services
 from app.webhook_schemas import EndpointCreate
 from models import Job
 from models.base import utcnow
