@@ -20,6 +20,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import socket
 from typing import Any
 
 import gevent
@@ -57,6 +58,27 @@ class _Capture:
         return getattr(self._sock, name)
 
 
+def _linger(sock: Any, seconds: float = 1.0) -> None:
+    """Half-close, then discard what the client still sends for a moment before the close.
+
+    Closing a socket with unread input makes the kernel send RST, which can destroy the answer
+    just written before the client reads it (a trickling client is always mid-send).
+    """
+    timer = gevent.Timeout(seconds)
+    timer.start()
+    try:
+        sock.shutdown(socket.SHUT_WR)
+        while sock.recv(65536):
+            pass
+    except OSError:
+        pass
+    except gevent.Timeout as exc:
+        if exc is not timer:
+            raise
+    finally:
+        timer.close()
+
+
 class HardenedGeventWorker(GeventWorker):
     """gunicorn's gevent worker with a body deadline and problem+json protocol errors."""
 
@@ -87,6 +109,7 @@ class HardenedGeventWorker(GeventWorker):
                 raise
             self.log.info("request body not received within %.0f s: 408", self.body_timeout_s)
             util.write_nonblock(sock, problem_bytes(408, "Request Timeout"))
+            _linger(sock)
             raise StopIteration() from None  # base_async.handle closes the connection
         finally:
             timer.close()
