@@ -119,6 +119,14 @@ class Settings(BaseSettings):
     broker_restore_interval_s: int = Field(
         10, description="Redis: how often unacked messages past the visibility timeout are restored."
     )
+    broker_socket_timeout_s: float = Field(
+        10.0,
+        description="RabbitMQ: a blocking read or write on a broker connection gives up after this "
+        "many seconds, and a worker reconnects instead of waiting for the heartbeat timeout "
+        "(a consumer once sat 90 s in a `basic_qos` read on a desynchronised AMQP stream). "
+        "0 waits forever.",
+        ge=0,
+    )
     broker_closed_transport_guard: bool = Field(
         True,
         description="Patch kombu's Redis transport so a channel of a closed connection raises a connection "

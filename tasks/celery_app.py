@@ -6,7 +6,7 @@ from celery import Celery
 
 from models import redaction
 from models.settings import Settings, from_environment
-from tasks import kombu_fixes
+from tasks import amqp_fixes, kombu_fixes
 from tasks.config import celery_config
 
 
@@ -16,6 +16,9 @@ def create_celery(settings: Settings, *, set_as_current: bool = True) -> Celery:
     # A Redis restart must cost a reconnect, not the worker (kombu bug, see tasks.kombu_fixes).
     if settings.broker_closed_transport_guard:
         kombu_fixes.install()
+    # A stalled RabbitMQ read must end after the socket timeout, mid-frame too (tasks.amqp_fixes).
+    if settings.broker_socket_timeout_s:
+        amqp_fixes.install()
     app = Celery("genqueue", set_as_current=set_as_current)
     app.conf.update(celery_config(settings))
     # Tasks find their database, artifact directory and models through this.

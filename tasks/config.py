@@ -38,6 +38,15 @@ def celery_config(s: Settings) -> dict[str, Any]:
             # would block every restore for kombu's default 300 s.
             "unacked_mutex_expire": 60,
         }
+    elif amqp and s.broker_socket_timeout_s:
+        # py-amqp sets these as SO_RCVTIMEO/SO_SNDTIMEO; on a consumer's connection a read that
+        # times out raises socket.timeout, a connection error, so the worker reconnects. Without
+        # them a sync call (basic_qos after a reconnect) on a stream that lost its framing waits
+        # until the broker drops the connection for missed heartbeats (celery/py-amqp#330).
+        transport = {
+            "read_timeout": s.broker_socket_timeout_s,
+            "write_timeout": s.broker_socket_timeout_s,
+        }
     elif s.broker_url.startswith("memory"):
         transport = {"polling_interval": 0.01}  # in-process broker: poll fast, it costs nothing
     return {
