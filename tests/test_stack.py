@@ -1,0 +1,100 @@
+"""`genqueue start` (app.stack) on small shell processes: restarts, clean exits that stay down, the stop."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from app.stack import read_procfile
+from tests.support.procs import ROOT, wait_for
+
+# A process that takes a second to stop after SIGTERM: its shell dies at once, it must be waited for.
+SLOW_STOP = (
+    f'{sys.executable} -c "import signal, sys, time; '
+    "signal.signal(signal.SIGTERM, lambda *a: (time.sleep(1), print('drained', flush=True), sys.exit(0))); "
+    "print('serving', flush=True); [time.sleep(0.1) for _ in iter(int, 1)]\""
+)
+
+
+def _start(tmp_path: Path, procfile: str, **env: str) -> tuple[subprocess.Popen[bytes], Path]:
+    path = tmp_path / "Procfile"
+    path.write_text(procfile)
+    log = tmp_path / "stack.log"
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("GENQUEUE_")}
+    environ |= {"PYTHONPATH": str(ROOT), "GENQUEUE_WORKER_RESTART_BACKOFF_S": "0.1", **env}
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "app.cli", "start", "--procfile", str(path)],
+            cwd=tmp_path, env=environ, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    return proc, log
+
+
+def _stop(proc: subprocess.Popen[bytes], timeout: float) -> tuple[int, float, list[psutil.Process]]:
+    family = psutil.Process(proc.pid).children(recursive=True)
+    started = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        rc = proc.wait(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    _, alive = psutil.wait_procs(family, timeout=5)
+    return rc, time.monotonic() - started, [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_procfile_lines_are_read_in_order() -> None:
+    assert list(read_procfile(ROOT / "Procfile"))[:2] == ["release", "web"]
+    assert "flower" in read_procfile(ROOT / "Procfile")
+
+
+def test_release_runs_first_a_crash_is_restarted_a_clean_exit_stays_down_and_stop_waits(tmp_path) -> None:
+    mark = tmp_path / "crashed-once"
+    proc, log = _start(
+        tmp_path,
+        f"release: echo migrated > {tmp_path}/released\n"
+        "once: echo once-done\n"
+        f"flaky: if [ -e {mark} ]; then echo second-run; exec sleep 60; else touch {mark}; exit 3; fi\n"
+        f"slow: {SLOW_STOP}\n",
+    )
+    try:
+        wait_for(lambda: "second-run" in log.read_text() and "serving" in log.read_text(), 30, 0.1, "flaky")
+        text = log.read_text()
+        assert (tmp_path / "released").read_text() == "migrated\n"
+        assert "flaky exited with status 3; restart 1" in text  # the crash is visible and restarted
+        wait_for(lambda: "once exited with status 0 and stays down" in log.read_text(), 10, 0.1, "once")
+        assert proc.poll() is None  # one clean exit stopped nothing
+    finally:
+        rc, took, orphans = _stop(proc, 30)
+    text = log.read_text()
+    assert rc == 0, text
+    assert "drained" in text and 1 <= took < 10, (took, text)  # waited for the slow one, not its shell
+    assert not orphans, orphans
+
+
+def test_a_process_that_ignores_sigterm_gets_sigquit_after_the_stop_timeout(tmp_path) -> None:
+    proc, log = _start(
+        tmp_path,
+        "stubborn: trap '' TERM; echo up; sleep 60\n",
+        GENQUEUE_STOP_TIMEOUT_S="1",
+    )
+    try:
+        wait_for(lambda: "up" in log.read_text(), 30, 0.1, "stubborn to start")
+    finally:
+        rc, took, orphans = _stop(proc, 30)
+    text = log.read_text()
+    assert rc == 1 and "stubborn still running: SIGQUIT" in text, text
+    assert took < 8 and not orphans
+
+
+def test_start_refuses_an_unauthenticated_flower_before_migrating(tmp_path) -> None:
+    proc, log = _start(tmp_path, f"release: touch {tmp_path}/released\nflower: genqueue flower\n")
+    assert proc.wait(timeout=30) == 1
+    assert "GENQUEUE_FLOWER_BASIC_AUTH" in log.read_text()
+    assert not (tmp_path / "released").exists()
