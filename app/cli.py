@@ -165,17 +165,24 @@ def worker(max_restarts: int | None, celery_args: tuple[str, ...]) -> None:
     default="Procfile",
     show_default=True,
 )
-def start(procfile: Path) -> None:
+@click.argument("names", nargs=-1, metavar="[PROCESS]...")
+def start(procfile: Path, names: tuple[str, ...]) -> None:
     """Run the Procfile's `release` (migrations), then every other process, supervised.
 
-    A crashed process is restarted, one that exits 0 stays down; SIGTERM/SIGINT stop all of
-    them gracefully (GENQUEUE_STOP_TIMEOUT_S). See app/stack.py.
+    With PROCESS names, only those (`release` only when named), e.g. `worker_video` on a GPU
+    machine. A crashed process is restarted, one that exits 0 stays down; SIGTERM/SIGINT stop
+    all of them gracefully (GENQUEUE_STOP_TIMEOUT_S). See app/stack.py.
     """
     from app.flower_auth import FlowerAuthError, flower_environment
     from app.stack import RELEASE, Stack, read_procfile, stack_environment
 
     settings = Settings()
     processes = read_procfile(procfile)
+    if names:
+        unknown = sorted(set(names) - processes.keys())
+        if unknown:
+            raise click.ClickException(f"not in {procfile}: {', '.join(unknown)}")
+        processes = {name: cmd for name, cmd in processes.items() if name in names}
     if "flower" in processes:  # refuse before migrating rather than restart a refusing Flower
         try:
             flower_environment(settings, os.environ)

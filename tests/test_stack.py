@@ -22,7 +22,7 @@ SLOW_STOP = (
 )
 
 
-def _start(tmp_path: Path, procfile: str, **env: str) -> tuple[subprocess.Popen[bytes], Path]:
+def _start(tmp_path: Path, procfile: str, *names: str, **env: str) -> tuple[subprocess.Popen[bytes], Path]:
     path = tmp_path / "Procfile"
     path.write_text(procfile)
     log = tmp_path / "stack.log"
@@ -30,10 +30,15 @@ def _start(tmp_path: Path, procfile: str, **env: str) -> tuple[subprocess.Popen[
     environ |= {"PYTHONPATH": str(ROOT), "GENQUEUE_WORKER_RESTART_BACKOFF_S": "0.1", **env}
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "start", "--procfile", str(path)],
+            [sys.executable, "-m", "app.cli", "start", "--procfile", str(path), *names],
             cwd=tmp_path, env=environ, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
     return proc, log
+
+
+def _lines(log: Path) -> list[str]:
+    """The processes' output lines, without the time and the name."""
+    return [ln[ln.index("| ") :].rstrip() for ln in log.read_text().splitlines() if "| " in ln]
 
 
 def _stop(proc: subprocess.Popen[bytes], timeout: float) -> tuple[int, float, list[psutil.Process]]:
@@ -64,7 +69,8 @@ def test_release_runs_first_a_crash_is_restarted_a_clean_exit_stays_down_and_sto
         f"slow: {SLOW_STOP}\n",
     )
     try:
-        wait_for(lambda: "second-run" in log.read_text() and "serving" in log.read_text(), 30, 0.1, "flaky")
+        # Output lines, not the logged commands that contain the same words.
+        wait_for(lambda: {"| second-run", "| serving"} <= set(_lines(log)), 30, 0.1, "flaky's rerun")
         text = log.read_text()
         assert (tmp_path / "released").read_text() == "migrated\n"
         assert "flaky exited with status 3; restart 1" in text  # the crash is visible and restarted
@@ -74,7 +80,8 @@ def test_release_runs_first_a_crash_is_restarted_a_clean_exit_stays_down_and_sto
         rc, took, orphans = _stop(proc, 30)
     text = log.read_text()
     assert rc == 0, text
-    assert "drained" in text and 1 <= took < 10, (took, text)  # waited for the slow one, not its shell
+    # It waited for the slow process, not only for its shell.
+    assert "| drained" in _lines(log) and 1 <= took < 10, (took, text)
     assert not orphans, orphans
 
 
@@ -85,7 +92,7 @@ def test_a_process_that_ignores_sigterm_gets_sigquit_after_the_stop_timeout(tmp_
         GENQUEUE_STOP_TIMEOUT_S="1",
     )
     try:
-        wait_for(lambda: "up" in log.read_text(), 30, 0.1, "stubborn to start")
+        wait_for(lambda: "| up" in _lines(log), 30, 0.1, "stubborn to start")
     finally:
         rc, took, orphans = _stop(proc, 30)
     text = log.read_text()
@@ -98,3 +105,13 @@ def test_start_refuses_an_unauthenticated_flower_before_migrating(tmp_path) -> N
     assert proc.wait(timeout=30) == 1
     assert "GENQUEUE_FLOWER_BASIC_AUTH" in log.read_text()
     assert not (tmp_path / "released").exists()
+
+
+def test_named_processes_run_alone_and_release_only_when_named(tmp_path) -> None:
+    procfile = f"release: touch {tmp_path}/released\nweb: echo web-ran\nworker: echo worker-ran\n"
+    proc, log = _start(tmp_path, procfile, "worker")
+    assert proc.wait(timeout=30) == 0  # its only process exited 0: nothing left to run
+    assert "| worker-ran" in _lines(log) and "web-ran" not in log.read_text()
+    assert not (tmp_path / "released").exists()
+    proc, log = _start(tmp_path, procfile, "nosuch")
+    assert proc.wait(timeout=30) == 1 and "nosuch" in log.read_text()
