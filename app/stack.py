@@ -5,7 +5,8 @@ finishing), and SIGKILLs the rest 5 s after a stop, well before a worker finishe
 gunicorn drains its requests. Here a process that crashes is restarted (app.supervise's policy
 and backoff), one that exits 0 stays down while the others go on, and a stop (SIGTERM/SIGINT)
 sends SIGTERM to each process group, waits `stop_timeout_s`, then SIGQUIT (Celery's cold
-shutdown: acks_late tasks go back to the queue), then SIGKILL.
+shutdown: acks_late tasks go back to the queue), then SIGKILL. Each process gets the
+parent-death signal too (app.supervise.die_with_parent), for a SIGKILL of the stack itself.
 """
 
 from __future__ import annotations
@@ -30,6 +31,19 @@ log = logging.getLogger("genqueue.stack")
 RELEASE = "release"  # the Procfile convention for the one-off step before a deploy (migrations)
 PROCFILE_LINE = re.compile(r"^([A-Za-z0-9_-]+):\s*(.+)$")  # honcho's and Heroku's grammar
 QUIT_WAIT_S = 5.0  # after SIGQUIT, before SIGKILL
+_ASSIGNMENTS = re.compile(r"""^((?:[A-Za-z_][A-Za-z0-9_]*=(?:'[^']*'|"[^"]*"|[^\s'"])*\s+)*)""")
+_SHELL_SYNTAX = re.compile(r"[;&|<>`\n]|\$\(")
+
+
+def exec_form(cmd: str) -> str:
+    """`cmd` with `exec` before its command word, so the shell becomes the process (it then gets
+    the parent-death signal and the stop signal itself); a line with shell syntax (`;`, `&&`,
+    pipes, redirections, `$(...)`) is left to its shell. `A=1 exec cmd` keeps A for cmd (POSIX)."""
+    if _SHELL_SYNTAX.search(cmd):
+        return cmd
+    assignments = _ASSIGNMENTS.match(cmd)
+    head = assignments.group(1) if assignments else ""
+    return f"{head}exec {cmd[len(head) :]}"
 
 
 def read_procfile(path: Path) -> dict[str, str]:
@@ -104,7 +118,7 @@ class Stack:
     def _spawner(self, name: str, cmd: str) -> Spawn:
         def spawn() -> subprocess.Popen[bytes]:
             child = subprocess.Popen(
-                ["/bin/sh", "-c", cmd],
+                ["/bin/sh", "-c", exec_form(cmd)],
                 cwd=self.cwd,
                 env=self.env,
                 stdin=subprocess.DEVNULL,

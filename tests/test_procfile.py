@@ -108,6 +108,7 @@ def test_the_readme_command_runs_a_video_job_and_stops_gracefully(stack_env, ses
         # Flower: UI and API refuse without credentials, answer with them; it sees the queues.
         auth = (FLOWER_USER, FLOWER_PASSWORD)
         wait_for(lambda: _get(f"{flower}/healthcheck", proc), 60, 0.3, "Flower to answer")
+        assert httpx.get(f"{flower}/healthcheck", timeout=10).status_code == 200  # open, by Flower's design
         for path in ("/", "/workers", "/api/workers?refresh=1", "/api/queues/length"):
             assert httpx.get(flower + path, timeout=10).status_code == 401, path
             assert httpx.get(flower + path, auth=(FLOWER_USER, "wrong"), timeout=10).status_code == 401

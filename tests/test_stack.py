@@ -10,8 +10,9 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
-from app.stack import read_procfile
+from app.stack import exec_form, read_procfile
 from tests.support.procs import ROOT, wait_for
 
 # A process that takes a second to stop after SIGTERM: its shell dies at once, it must be waited for.
@@ -52,6 +53,29 @@ def _stop(proc: subprocess.Popen[bytes], timeout: float) -> tuple[int, float, li
             os.killpg(proc.pid, signal.SIGKILL)
     _, alive = psutil.wait_procs(family, timeout=5)
     return rc, time.monotonic() - started, [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        (
+            "gunicorn -c ops/gunicorn.conf.py 'app:create_app()'",
+            "exec gunicorn -c ops/gunicorn.conf.py 'app:create_app()'",
+        ),
+        ("A=text B='x y' genqueue worker -n a@%h", "A=text B='x y' exec genqueue worker -n a@%h"),
+        ("celery flower --port=${FLOWER_PORT:-5555}", "exec celery flower --port=${FLOWER_PORT:-5555}"),
+        ("mkdir -p var && celery beat", "mkdir -p var && celery beat"),
+        ("a | b", "a | b"),
+        ("echo $(date)", "echo $(date)"),
+    ],
+)
+def test_simple_lines_exec_their_command_and_shell_syntax_is_left_alone(line: str, expected: str) -> None:
+    assert exec_form(line) == expected
+
+
+def test_assignments_before_exec_reach_the_command() -> None:
+    out = subprocess.run(["/bin/sh", "-c", exec_form("A=1 B='x y' env")], capture_output=True, text=True)
+    assert "A=1" in out.stdout.splitlines() and "B=x y" in out.stdout.splitlines()
 
 
 def test_procfile_lines_are_read_in_order() -> None:
@@ -115,3 +139,28 @@ def test_named_processes_run_alone_and_release_only_when_named(tmp_path) -> None
     assert not (tmp_path / "released").exists()
     proc, log = _start(tmp_path, procfile, "nosuch")
     assert proc.wait(timeout=30) == 1 and "nosuch" in log.read_text()
+
+
+def test_a_sigkilled_stack_still_stops_its_processes(tmp_path) -> None:
+    child = tmp_path / "child.py"
+    child.write_text(
+        "import signal, sys, time\n"
+        "from pathlib import Path\n"
+        f"mark = Path({str(tmp_path / 'termed')!r})\n"
+        "signal.signal(signal.SIGTERM, lambda *a: (mark.touch(), sys.exit(0)))\n"
+        "print('up', flush=True)\n"
+        "while True:\n"
+        "    time.sleep(0.1)\n"
+    )
+    proc, log = _start(tmp_path, f"child: {sys.executable} {child}\n")
+    try:
+        wait_for(lambda: "| up" in _lines(log), 30, 0.1, "the child to start")
+        family = psutil.Process(proc.pid).children(recursive=True)
+        assert len(family) == 1  # `exec`: the shell became the process
+        os.kill(proc.pid, signal.SIGKILL)
+        wait_for((tmp_path / "termed").exists, 10, 0.1, "the parent-death SIGTERM")
+        psutil.wait_procs(family, timeout=5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
