@@ -144,7 +144,7 @@ def test_the_readme_command_runs_a_video_job_and_stops_gracefully(stack_env, ses
 
         wait_for(in_video_stage, 120, 0.2, "the second job to reach its video stage")
         family = psutil.Process(proc.pid).children(recursive=True)
-        assert len(family) >= 7  # a shell or more per process, gunicorn's worker, Celery children
+        assert len(family) >= 9  # every process, gunicorn's worker, the supervised Celery workers
         stopped_at = time.monotonic()
         os.kill(proc.pid, signal.SIGTERM)  # the stack's own pid: it forwards to every process
         rc = proc.wait(timeout=STOP_TIMEOUT_S + 20)
