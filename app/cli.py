@@ -1,10 +1,11 @@
-"""The `genqueue` command: demo, embedded or plain serving, migrations, supervised workers, worker checks."""
+"""The `genqueue` command: demo, serving, migrations, the production stack, supervised workers, Flower."""
 
 from __future__ import annotations
 
 import json
 import logging
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -155,6 +156,76 @@ def worker(max_restarts: int | None, celery_args: tuple[str, ...]) -> None:
         max_restarts=max_restarts,
     )
     sys.exit(status)
+
+
+@main.command()
+@click.option(
+    "--procfile",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default="Procfile",
+    show_default=True,
+)
+@click.argument("names", nargs=-1, metavar="[PROCESS]...")
+def start(procfile: Path, names: tuple[str, ...]) -> None:
+    """Run the Procfile's `release` (migrations), then every other process, supervised.
+
+    With PROCESS names, only those (`release` only when named), e.g. `worker_video` on a GPU
+    machine. A crashed process is restarted, one that exits 0 stays down; SIGTERM/SIGINT stop
+    all of them gracefully (GENQUEUE_STOP_TIMEOUT_S). See app/stack.py.
+    """
+    from app.flower_auth import FlowerAuthError, flower_environment
+    from app.stack import RELEASE, Stack, read_procfile, stack_environment
+
+    settings = Settings()
+    processes = read_procfile(procfile)
+    if names:
+        unknown = sorted(set(names) - processes.keys())
+        if unknown:
+            raise click.ClickException(f"not in {procfile}: {', '.join(unknown)}")
+        processes = {name: cmd for name, cmd in processes.items() if name in names}
+    if "flower" in processes:  # refuse before migrating rather than restart a refusing Flower
+        try:
+            flower_environment(settings, os.environ)
+        except FlowerAuthError as exc:
+            raise click.ClickException(str(exc)) from exc
+    env = stack_environment(os.environ)
+    root = procfile.resolve().parent
+    release = processes.pop(RELEASE, None)
+    if release is not None:
+        click.echo(f"release: {release}", err=True)
+        done = subprocess.run(["/bin/sh", "-c", release], cwd=root, env=env, stdin=subprocess.DEVNULL)
+        if done.returncode != 0:
+            raise click.ClickException(f"release ({release}) failed with status {done.returncode}")
+    (root / "var").mkdir(exist_ok=True)  # the beat schedule's directory
+    stack = Stack(
+        processes,
+        env=env,
+        cwd=root,
+        out=sys.stdout,
+        stop_timeout_s=settings.stop_timeout_s,
+        backoff_s=settings.worker_restart_backoff_s,
+        backoff_max_s=settings.worker_restart_backoff_max_s,
+    )
+    sys.exit(stack.run())
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("flower_args", nargs=-1, type=click.UNPROCESSED)
+def flower(flower_args: tuple[str, ...]) -> None:
+    """Run `celery -A tasks.worker flower FLOWER_ARGS` with the authentication Settings decide.
+
+    Basic auth (GENQUEUE_FLOWER_BASIC_AUTH) or, for development, no auth on 127.0.0.1
+    (GENQUEUE_FLOWER_UNAUTHENTICATED=true); neither: it refuses to start. See app/flower_auth.py.
+    """
+    from app.flower_auth import FlowerAuthError, flower_environment
+
+    try:
+        env = flower_environment(Settings(), os.environ, flower_args)
+    except FlowerAuthError as exc:
+        raise click.ClickException(str(exc)) from exc
+    # exec: Flower is this process (signals, status); its credentials stay out of argv.
+    cmd = [sys.executable, "-m", "celery", "-A", "tasks.worker", "flower", *flower_args]
+    os.execve(sys.executable, cmd, env)
 
 
 main.add_command(keys)

@@ -1,22 +1,24 @@
-"""`genqueue worker`: run a Celery worker as a child and restart it when it exits unexpectedly.
+"""Restart supervision: run a command as a child and restart it when it exits unexpectedly.
 
-The safety net under tasks.kombu_fixes: whatever makes a worker exit (an unrecoverable error
-in kombu or Celery, the OOM killer, a segfault in a model library), it comes back after a
-backoff instead of staying down; under honcho one exiting process stops the whole stack.
-A stop signal (SIGTERM, SIGINT, SIGQUIT) is forwarded once and ends supervision; a clean
-exit (status 0, e.g. `celery control shutdown`) is not restarted either.
+`genqueue worker` is the safety net under tasks.kombu_fixes: whatever makes a worker exit (an
+unrecoverable error in kombu or Celery, the OOM killer, a segfault in a model library), it comes
+back after a backoff instead of staying down. `genqueue start` (app.stack) keeps every Procfile
+process under the same policy. A stop signal (SIGTERM, SIGINT, SIGQUIT) is forwarded once and
+ends supervision; a clean exit (status 0, e.g. `celery control shutdown`) is not restarted either.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import logging
+import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType
 
 log = logging.getLogger("genqueue.supervise")
@@ -24,15 +26,20 @@ log = logging.getLogger("genqueue.supervise")
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 FORWARDED = (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)  # Celery's own meanings, passed on
 PR_SET_PDEATHSIG = 1
+# After a crash, what is left of the child's process group gets this long before SIGKILL, so a
+# restart never runs next to a leftover of the previous run.
+LINGER_S = 10.0
+
+Spawn = Callable[[], "subprocess.Popen[bytes]"]
 
 
 def celery_worker_command(args: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", "celery", "-A", "tasks.worker", "worker", *args]
 
 
-def _die_with_parent() -> None:
-    # Runs in the child before exec: if the supervisor is SIGKILLed, the worker gets SIGTERM
-    # (a warm shutdown) instead of living on unsupervised. Linux only; elsewhere a no-op.
+def die_with_parent() -> None:
+    """Runs in the child before exec: if the supervisor is SIGKILLed, the child gets SIGTERM
+    (a warm shutdown) instead of living on unsupervised. Linux only; elsewhere a no-op."""
     try:
         ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     except (OSError, AttributeError):
@@ -43,6 +50,112 @@ def _exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode  # killed by signal N: 128 + N
 
 
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except OSError as exc:
+        return exc.errno == errno.EPERM
+    return True
+
+
+def signal_group(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except ProcessLookupError:
+        pass
+
+
+class Supervisor:
+    """One command kept running: restarted after an unexpected exit, stopped on request.
+
+    The wait before a restart doubles per quick exit (one within `stable_s` of its start) up
+    to `backoff_max_s`, so a child that cannot start does not spin; a run that lasted longer
+    starts the wait over. The child runs in its own session: a terminal's Ctrl-C or a group
+    signal reaches it once, through `signal()`, not twice (a second SIGINT makes Celery
+    cold-stop). `group=True` signals the child's whole process group (a shell and what it
+    runs) and waits for all of it, not only for the child, before the run counts as over.
+    """
+
+    def __init__(
+        self,
+        cmd: Sequence[str],
+        *,
+        name: str = "worker",
+        backoff_s: float = 1.0,
+        backoff_max_s: float = 30.0,
+        stable_s: float = 60.0,
+        max_restarts: int | None = None,
+        spawn: Spawn | None = None,
+        group: bool = False,
+    ) -> None:
+        self.cmd, self.name, self.group = list(cmd), name, group
+        self.backoff_s, self.backoff_max_s, self.stable_s = backoff_s, backoff_max_s, stable_s
+        self.max_restarts = max_restarts
+        self._spawn = spawn or self._spawn_plain
+        self._stop = threading.Event()
+        self._lock = threading.RLock()  # signal() may run in a handler inside run()'s lock
+        self.child: subprocess.Popen[bytes] | None = None
+
+    def _spawn_plain(self) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(self.cmd, start_new_session=True, preexec_fn=die_with_parent)
+
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def signal(self, signum: int) -> None:
+        """Pass `signum` on to the child; a stop signal also ends supervision."""
+        with self._lock:
+            if signum in STOP_SIGNALS:
+                self._stop.set()
+            child = self.child
+            if child is None:
+                return
+            if self.group:
+                signal_group(child.pid, signum)
+            elif child.poll() is None:
+                child.send_signal(signum)
+
+    def _wait(self, child: subprocess.Popen[bytes]) -> int:
+        status = _exit_status(child.wait())
+        if not self.group:
+            return status
+        # A shell dies of SIGTERM at once while the command it started drains: the run is over
+        # when the group is empty. While stopping, the caller bounds this wait (and kills).
+        deadline = time.monotonic() + LINGER_S
+        while group_alive(child.pid):
+            if not self.stopping() and time.monotonic() > deadline:
+                signal_group(child.pid, signal.SIGKILL)
+            time.sleep(0.1)
+        return status
+
+    def run(self) -> int:
+        """Run until stopped or cleanly exited; returns the last exit status."""
+        delay, restarts = self.backoff_s, 0
+        while True:
+            with self._lock:
+                if self.stopping():  # stopped during the backoff wait's last instant
+                    return 0
+                started = time.monotonic()
+                self.child = child = self._spawn()
+            if self.stopping():  # a stop signal came while it was being started
+                self.signal(signal.SIGTERM)
+            status = self._wait(child)
+            if self.stopping() or status == 0:
+                return status
+            if self.max_restarts is not None and restarts >= self.max_restarts:
+                log.error(
+                    "%s exited with status %s; %d restarts used, giving up", self.name, status, restarts
+                )
+                return status
+            if time.monotonic() - started > self.stable_s:
+                delay = self.backoff_s
+            restarts += 1
+            log.warning("%s exited with status %s; restart %d in %.1fs", self.name, status, restarts, delay)
+            if self._stop.wait(delay):
+                return status
+            delay = min(delay * 2, self.backoff_max_s)
+
+
 def supervise(
     cmd: Sequence[str],
     *,
@@ -51,44 +164,17 @@ def supervise(
     stable_s: float = 60.0,
     max_restarts: int | None = None,
 ) -> int:
-    """Run `cmd` until stopped; restart it after an unexpected exit. Returns the exit status.
-
-    The wait before a restart doubles per quick exit (one within `stable_s` of its start) up
-    to `backoff_max_s`, so a worker that cannot start does not spin; a run that lasted
-    longer starts the wait over.
-    """
-    stop = threading.Event()
-    child: subprocess.Popen[bytes] | None = None
+    """Supervise `cmd` in this (main) thread, taking the stop signals; returns the exit status."""
+    sup = Supervisor(
+        cmd, backoff_s=backoff_s, backoff_max_s=backoff_max_s, stable_s=stable_s, max_restarts=max_restarts
+    )
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
-        if signum in STOP_SIGNALS:
-            stop.set()
-        if child is not None and child.poll() is None:
-            child.send_signal(signum)
+        sup.signal(signum)
 
     previous = {s: signal.signal(s, on_signal) for s in (*STOP_SIGNALS, *FORWARDED)}
     try:
-        delay, restarts = backoff_s, 0
-        while True:
-            if stop.is_set():  # stopped during the backoff wait's last instant
-                return 0
-            started = time.monotonic()
-            # Its own session: a terminal's Ctrl-C or honcho's group signal reaches the worker
-            # once, through us, not twice (a second SIGINT would make Celery cold-stop).
-            child = subprocess.Popen(list(cmd), start_new_session=True, preexec_fn=_die_with_parent)
-            status = _exit_status(child.wait())
-            if stop.is_set() or status == 0:
-                return status
-            if max_restarts is not None and restarts >= max_restarts:
-                log.error("worker exited with status %s; %d restarts used, giving up", status, restarts)
-                return status
-            if time.monotonic() - started > stable_s:
-                delay = backoff_s
-            restarts += 1
-            log.warning("worker exited with status %s; restart %d in %.1fs", status, restarts, delay)
-            if stop.wait(delay):
-                return status
-            delay = min(delay * 2, backoff_max_s)
+        return sup.run()
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # docs/SETTINGS.md is generated from the fields below (python -m models.settings_doc), grouped by
@@ -67,7 +67,7 @@ class Settings(BaseSettings):
     )
     worker_preload: str = Field(
         "",
-        description='`text`, `video` or `text,video`: load those models when the worker process starts, '
+        description="`text`, `video` or `text,video`: load those models when the worker process starts, "
         "not at its first task.",
     )
     echo_step_seconds: float = Field(
@@ -83,10 +83,13 @@ class Settings(BaseSettings):
     # Why off: task events (a Redis PUBLISH per task received, started, succeeded) cost the
     # worker's main process about as much as fetching the tasks.
     worker_restart_backoff_s: float = Field(
-        1.0, description="`genqueue worker`: first wait before restarting a worker that exited unexpectedly."
+        1.0,
+        description="`genqueue worker` and `genqueue start`: first wait before restarting a worker (or a "
+        "Procfile process) that exited unexpectedly.",
     )
     worker_restart_backoff_max_s: float = Field(
-        30.0, description="`genqueue worker`: the restart wait doubles per quick exit up to this."
+        30.0,
+        description="`genqueue worker`, `genqueue start`: the restart wait doubles per quick exit to this.",
     )
 
     # -- database
@@ -185,9 +188,7 @@ class Settings(BaseSettings):
     degraded_video_model: str = Field(
         "", description="A cheaper video model for degraded retries; empty: the same model."
     )
-    idempotency_ttl_s: int = Field(
-        24 * 3600, description="How long an `Idempotency-Key` is remembered."
-    )
+    idempotency_ttl_s: int = Field(24 * 3600, description="How long an `Idempotency-Key` is remembered.")
 
     # -- webhooks (docs/WEBHOOKS.md)
     webhook_allow_private: bool = Field(
@@ -299,6 +300,24 @@ class Settings(BaseSettings):
         0.0, description="New jobs whose estimated wait is over this get 503; `0` turns the check off."
     )
     admission_cache_s: float = Field(1.0, description="How long one process reuses a backlog measurement.")
+
+    # -- the production stack (`bin/start`, `genqueue start`: app.stack)
+    stop_timeout_s: float = Field(
+        60.0,
+        description="`genqueue start`: after SIGTERM, how long the processes get to finish (workers their "
+        "running tasks, web its requests) before SIGQUIT, then SIGKILL; unfinished tasks are redelivered.",
+    )
+    flower_basic_auth: SecretStr | None = Field(
+        None,
+        description="`genqueue flower`: `user:password[,user2:password2]`, the HTTP basic auth of "
+        "Flower's UI and API (no comma in a password). Flower refuses to start without it unless "
+        "GENQUEUE_FLOWER_UNAUTHENTICATED is `true`.",
+    )
+    flower_unauthenticated: bool = Field(
+        False,
+        description="`genqueue flower`: `true` serves Flower's UI and API without authentication, on a "
+        "loopback address only (development machines).",
+    )
 
     @property
     def is_sqlite(self) -> bool:

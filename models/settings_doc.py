@@ -30,6 +30,7 @@ GROUPS: tuple[tuple[str, str], ...] = (
     ("Result cache and waiting", "cache_enabled"),
     ("Request limits and job defaults", "max_body_bytes"),
     ("Tenancy, rate limits and admission control ([API.md](API.md))", "ratelimit_url"),
+    ("The production stack (`bin/start`)", "stop_timeout_s"),
 )
 
 
@@ -44,6 +45,8 @@ def env_names(name: str, field: FieldInfo) -> list[str]:
 
 
 def render_default(value: Any) -> str:
+    if value is None:
+        return "unset"
     if isinstance(value, bool):
         return f"`{str(value).lower()}`"
     if value == "":

@@ -1,123 +1,170 @@
-"""The Procfile's processes (honcho) run a real video job on Postgres and Redis; Flower sees the queues."""
+"""The README's production command as written: a real video job, Flower behind basic auth, a graceful stop."""
 
 from __future__ import annotations
 
 import os
+import re
 import signal
-import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
+import psutil
 import pytest
 
-pytestmark = pytest.mark.slow
-ROOT = Path(__file__).resolve().parent.parent
-PROCESSES = ["web", "worker_text", "worker_video", "worker_default", "flower"]
+from tests.support.api import make_api_key
+from tests.support.procs import ROOT, free_port, wait_for
+
+README = ROOT / "README.md"
+MARKER = "<!-- the deployment command: tests/test_procfile.py runs this block as written -->"
+FLOWER_USER, FLOWER_PASSWORD = "ops", "procfile-test-password"
+STOP_TIMEOUT_S = 60
+FINISHED = ("succeeded", "failed", "canceled")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def readme_deployment() -> tuple[list[str], str]:
+    """(the variables the README's block exports, its command line), from the block after MARKER."""
+    block = re.search(re.escape(MARKER) + r"\s*```sh\n(.*?)```", README.read_text(), re.S)
+    assert block, f"README.md has no sh block after {MARKER!r}"
+    lines = [ln.split("#", 1)[0].strip() for ln in block.group(1).splitlines()]
+    exports = [ln.removeprefix("export ").split("=", 1)[0] for ln in lines if ln.startswith("export ")]
+    commands = [ln for ln in lines if ln and not ln.startswith("export ")]
+    assert len(commands) == 1, commands
+    return exports, commands[0]
 
 
-def _wait_http(url: str, timeout: float, proc: subprocess.Popen) -> httpx.Response:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "honcho exited early"
-        try:
-            return httpx.get(url, timeout=2)
-        except httpx.HTTPError:
-            time.sleep(0.3)
-    raise AssertionError(f"{url} never answered")
+def test_readme_block_is_found() -> None:
+    exports, command = readme_deployment()
+    assert "DATABASE_URL" in exports and "GENQUEUE_FLOWER_BASIC_AUTH" in exports
+    assert command.startswith("bin/start")
 
 
 @pytest.fixture
-def procfile_env(settings, sessions, broker, tmp_path) -> dict[str, str]:
-    bindir = str(Path(sys.executable).parent)  # the venv's genqueue, gunicorn, celery
-    return os.environ | {
-        "PATH": f"{bindir}:{os.environ['PATH']}",
-        "PYTHONPATH": str(ROOT),
+def stack_env(settings, sessions, broker) -> dict[str, str]:
+    """The test's own database, Redis db, artifacts and free ports, passed as the README says."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GENQUEUE_", "FLOWER_"))}
+    return env | {
+        "VIRTUAL_ENV": str(Path(sys.executable).parent.parent),  # bin/start: the active venv
+        "PYTHONPATH": str(ROOT),  # this checkout, whichever one the venv was installed from
         "DATABASE_URL": settings.database_url,
         "BROKER_URL": settings.broker_url,
         "GENQUEUE_ARTIFACT_DIR": str(settings.artifact_dir),
+        "GENQUEUE_FLOWER_BASIC_AUTH": f"{FLOWER_USER}:{FLOWER_PASSWORD}",
+        "GENQUEUE_STOP_TIMEOUT_S": str(STOP_TIMEOUT_S),
+        "GENQUEUE_MAX_WAIT_S": "120",
+        "HOST": "127.0.0.1",
+        "PORT": str(free_port()),
         "WEB_CONCURRENCY": "1",
-        "FLOWER_PORT": str(_free_port()),
-        "FLOWER_UNAUTHENTICATED_API": "true",
-        "HF_HUB_OFFLINE": "1",
-        "PYTHONUNBUFFERED": "1",
+        "FLOWER_PORT": str(free_port()),
     }
 
 
-def test_procfile_runs_a_video_job(procfile_env, tmp_path) -> None:
-    env = procfile_env
-    release = subprocess.run(
-        [sys.executable, "-m", "honcho", "start", "release"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert release.returncode == 0, release.stdout + release.stderr
-    created = subprocess.run(
-        ["genqueue", "keys", "create", "--tenant", "procfile"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert created.returncode == 0, created.stderr
-    headers = {"Authorization": f"Bearer {created.stdout.strip()}"}
-    base_port = _free_port()
-    log = (tmp_path / "honcho.log").open("w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "honcho", "start", "-p", str(base_port), *PROCESSES],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    web = f"http://127.0.0.1:{base_port}"  # honcho gives the first process the base port
+def _get(url: str, proc: subprocess.Popen[bytes], **kw: Any) -> httpx.Response | None:
+    assert proc.poll() is None, "the stack exited early"
     try:
-        assert _wait_http(f"{web}/v1/health", 90, proc).status_code == 200
-        body = {
-            "prompt": "a paper boat on a river",
-            "modality": "video",
-            "params": {"width": 128, "height": 128, "num_frames": 9, "steps": 3, "seed": 1},
-        }
-        resp = httpx.post(f"{web}/v1/jobs", json=body, headers=headers, timeout=10)
+        return httpx.get(url, timeout=5, **kw)
+    except httpx.HTTPError:
+        return None
+
+
+def _video(steps: int) -> dict[str, Any]:
+    params = {"width": 128, "height": 128, "num_frames": 9, "steps": steps, "seed": 1}
+    return {"prompt": "a paper boat on a river", "modality": "video", "params": params, "cache": False}
+
+
+@pytest.mark.slow
+def test_the_readme_command_runs_a_video_job_and_stops_gracefully(stack_env, sessions, tmp_path) -> None:
+    exports, command = readme_deployment()
+    assert set(exports) <= stack_env.keys()  # every setting the README names is the test's own
+    headers = {"Authorization": f"Bearer {make_api_key(sessions)}"}
+    log_path = tmp_path / "stack.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            ["bash", "-c", command], cwd=ROOT, env=stack_env, stdout=log, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+    web, flower = f"http://127.0.0.1:{stack_env['PORT']}", f"http://127.0.0.1:{stack_env['FLOWER_PORT']}"
+    try:
+        wait_for(lambda: _get(f"{web}/v1/health", proc), 120, 0.3, "web to answer")
+
+        # A video job through the API to completion, on the real default models.
+        resp = httpx.post(f"{web}/v1/jobs", json=_video(3), headers=headers, timeout=10)
         assert resp.status_code == 202, resp.text
         location = web + resp.headers["Location"]
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            job = httpx.get(location, headers=headers, timeout=10).json()
-            if job["status"] in ("succeeded", "failed", "canceled"):
-                break
-            time.sleep(0.5)
+
+        def finished() -> dict[str, Any] | None:
+            job: dict[str, Any] = httpx.get(location, headers=headers, timeout=10).json()
+            return job if job["status"] in FINISHED else None
+
+        job = wait_for(finished, 300, 0.5, "the video job")
         assert job["status"] == "succeeded", job
         video = httpx.get(web + job["outputs"]["video_url"], headers=headers, timeout=10)
         assert video.status_code == 200 and video.content[4:8] == b"ftyp"
 
-        flower = f"http://127.0.0.1:{env['FLOWER_PORT']}"
-        _wait_http(f"{flower}/healthcheck", 60, proc)
-        deadline = time.monotonic() + 60
-        names: set[str] = set()
-        while time.monotonic() < deadline and not {"text", "video"} <= names:
-            lengths = httpx.get(f"{flower}/api/queues/length", timeout=10)
-            if lengths.status_code == 200:
-                names = {q["name"] for q in lengths.json().get("active_queues", [])}
-            time.sleep(1)
-        assert {"text", "video"} <= names, names
+        # Flower: UI and API refuse without credentials, answer with them; it sees the queues.
+        auth = (FLOWER_USER, FLOWER_PASSWORD)
+        wait_for(lambda: _get(f"{flower}/healthcheck", proc), 60, 0.3, "Flower to answer")
+        assert httpx.get(f"{flower}/healthcheck", timeout=10).status_code == 200  # open, by Flower's design
+        for path in ("/", "/workers", "/api/workers?refresh=1", "/api/queues/length"):
+            assert httpx.get(flower + path, timeout=10).status_code == 401, path
+            assert httpx.get(flower + path, auth=(FLOWER_USER, "wrong"), timeout=10).status_code == 401
+            assert httpx.get(flower + path, auth=auth, timeout=30).status_code == 200, path
+
+        def queues() -> set[str]:
+            lengths = httpx.get(f"{flower}/api/queues/length", auth=auth, timeout=10).json()
+            names = {q["name"] for q in lengths.get("active_queues", [])}
+            return names if {"text", "video"} <= names else set()
+
+        wait_for(queues, 60, 1, "Flower to see the text and video queues")
+        ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+        assert FLOWER_PASSWORD not in ps  # the credentials travel in the environment, not argv
+
+        # Graceful stop: SIGTERM while a job is in its video stage and its submit is held open
+        # (Prefer: wait): the worker finishes the task and web answers the held request.
+        held: dict[str, Any] = {}
+
+        def submit_and_wait() -> None:
+            try:
+                held["resp"] = httpx.post(
+                    f"{web}/v1/jobs", json=_video(40), headers=headers | {"Prefer": "wait=120"}, timeout=150
+                )
+            except httpx.HTTPError as exc:
+                held["error"] = exc
+
+        submitter = threading.Thread(target=submit_and_wait)
+        submitter.start()
+
+        def in_video_stage() -> bool:
+            page = httpx.get(f"{web}/v1/jobs?limit=1", headers=headers, timeout=10).json()["data"]
+            return bool(page) and page[0]["id"] != job["id"] and page[0]["stage"] == "video"
+
+        wait_for(in_video_stage, 120, 0.2, "the second job to reach its video stage")
+        family = psutil.Process(proc.pid).children(recursive=True)
+        assert len(family) >= 9  # every process, gunicorn's worker, the supervised Celery workers
+        stopped_at = time.monotonic()
+        os.kill(proc.pid, signal.SIGTERM)  # the stack's own pid: it forwards to every process
+        rc = proc.wait(timeout=STOP_TIMEOUT_S + 20)
+        took = time.monotonic() - stopped_at
+        submitter.join(timeout=30)
+        log_text = log_path.read_text(errors="replace")
+        assert rc == 0, log_text[-4000:]  # 0: everything stopped within the stop timeout, unforced
+        assert took < STOP_TIMEOUT_S, took
+        assert "error" not in held, held  # web drained it instead of dropping the connection
+        assert held["resp"].status_code == 200, held["resp"].text
+        assert held["resp"].json()["status"] == "succeeded"  # the worker finished it before exiting
+        _, alive = psutil.wait_procs(family, timeout=5)
+        assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], alive  # no orphans
+        assert "release" in log_text and "stays down" not in log_text
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
+        if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
+        for p in psutil.process_iter():  # anything the stack left behind (only on a failure)
+            try:
+                if p.environ().get("FLOWER_PORT") == stack_env["FLOWER_PORT"]:
+                    p.kill()
+            except (psutil.Error, OSError):
+                pass
