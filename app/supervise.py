@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import FrameType
+
+from models.settings import Settings
 
 log = logging.getLogger("genqueue.supervise")
 
@@ -28,6 +31,20 @@ PR_SET_PDEATHSIG = 1
 
 def celery_worker_command(args: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", "celery", "-A", "tasks.worker", "worker", *args]
+
+
+def worker_environment(settings: Settings, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The worker's environment: PROMETHEUS_MULTIPROC_DIR is its own metrics directory, or unset.
+
+    prometheus_client picks its storage when it is imported, and the Celery command imports it
+    (through Flower's plugin) before any code of ours runs, so the variable must be there when
+    the process starts. An inherited one (gunicorn's) is another server's directory: dropped.
+    The worker empties its directory itself, once it holds the port (tasks.metrics_server).
+    """
+    env = {k: v for k, v in environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    if settings.worker_metrics_port:
+        env["PROMETHEUS_MULTIPROC_DIR"] = str(settings.worker_metrics_files)
+    return env
 
 
 def _die_with_parent() -> None:
@@ -46,6 +63,7 @@ def _exit_status(returncode: int) -> int:
 def supervise(
     cmd: Sequence[str],
     *,
+    env: Mapping[str, str] | None = None,
     backoff_s: float = 1.0,
     backoff_max_s: float = 30.0,
     stable_s: float = 60.0,
@@ -75,7 +93,7 @@ def supervise(
             started = time.monotonic()
             # Its own session: a terminal's Ctrl-C or honcho's group signal reaches the worker
             # once, through us, not twice (a second SIGINT would make Celery cold-stop).
-            child = subprocess.Popen(list(cmd), start_new_session=True, preexec_fn=_die_with_parent)
+            child = subprocess.Popen(list(cmd), env=env, start_new_session=True, preexec_fn=_die_with_parent)
             status = _exit_status(child.wait())
             if stop.is_set() or status == 0:
                 return status

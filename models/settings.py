@@ -88,6 +88,24 @@ class Settings(BaseSettings):
     worker_restart_backoff_max_s: float = Field(
         30.0, description="`genqueue worker`: the restart wait doubles per quick exit up to this."
     )
+    worker_metrics_port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="Port of the worker's own Prometheus endpoint (`/metrics`), served by its main "
+        "process for all its pool processes; 0: off. One port per worker on a host: the Procfile "
+        "gives each worker line its own (docs/OPERATIONS.md).",
+    )
+    worker_metrics_address: str = Field(
+        "127.0.0.1",
+        description="The address the worker metrics endpoint listens on; `0.0.0.0` for a Prometheus "
+        "on another host.",
+    )
+    worker_metrics_dir: Path = Field(
+        Path("var/worker-metrics"),
+        description="Where a worker with a metrics port keeps its pool processes' metric files: "
+        "`<dir>/<port>`, emptied when the worker starts.",
+    )
 
     # -- database
     db_pool_size: int = Field(
@@ -291,6 +309,11 @@ class Settings(BaseSettings):
         0.0, description="New jobs whose estimated wait is over this get 503; `0` turns the check off."
     )
     admission_cache_s: float = Field(1.0, description="How long one process reuses a backlog measurement.")
+
+    @property
+    def worker_metrics_files(self) -> Path:
+        """The worker's private prometheus multiprocess directory: `<worker_metrics_dir>/<port>`."""
+        return (self.worker_metrics_dir / str(self.worker_metrics_port)).resolve()
 
     @property
     def is_sqlite(self) -> bool:

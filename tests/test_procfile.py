@@ -47,6 +47,10 @@ def procfile_env(settings, sessions, broker, tmp_path) -> dict[str, str]:
         "WEB_CONCURRENCY": "1",
         "FLOWER_PORT": str(_free_port()),
         "FLOWER_UNAUTHENTICATED_API": "true",
+        # Each worker line's own metrics port (free ones: other stacks may run on this host).
+        "TEXT_WORKER_METRICS_PORT": str(_free_port()),
+        "VIDEO_WORKER_METRICS_PORT": str(_free_port()),
+        "DEFAULT_WORKER_METRICS_PORT": str(_free_port()),
         "HF_HUB_OFFLINE": "1",
         "PYTHONUNBUFFERED": "1",
     }
@@ -114,6 +118,9 @@ def test_procfile_runs_a_video_job(procfile_env, tmp_path) -> None:
                 names = {q["name"] for q in lengths.json().get("active_queues", [])}
             time.sleep(1)
         assert {"text", "video"} <= names, names
+        # The video worker's main process serves what its prefork child recorded.
+        scrape = httpx.get(f"http://127.0.0.1:{env['VIDEO_WORKER_METRICS_PORT']}/metrics", timeout=10).text
+        assert 'genqueue_stage_duration_seconds_count{stage="video"} 1.0' in scrape, scrape
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
