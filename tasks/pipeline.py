@@ -51,9 +51,9 @@ def _enter_stage(rt: Runtime, job_id: uuid.UUID, stage: Stage) -> Job | None:
                 where = f"{current.status}/{current.stage}"
                 log.info("job %s is %s; %s stage has nothing to do", job_id, where, stage)
             return None
-        if job.attempts <= s_.max_stage_attempts:
-            metrics.stage_entered(job, stage)
-            return job
+    if job.attempts <= s_.max_stage_attempts:
+        metrics.stage_entered(job, stage)  # committed: the stage has started
+        return job
     # A message that keeps coming back (its worker keeps dying) must not loop forever.
     message = f"{stage} stage gave up after {job.attempts - 1} attempts"
     compensation.fail_and_compensate(rt, job_id, "too_many_attempts", message, stage)

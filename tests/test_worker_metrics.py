@@ -179,3 +179,43 @@ def test_a_prefork_worker_serves_its_childrens_metrics(
 
     wait_for(replaced, 30, 0.2, "the pool to replace its child")
     assert scrape(port) == samples
+
+
+def test_the_gpu_gauges_exist_only_with_cuda_one_sample_per_device(monkeypatch) -> None:
+    torch = pytest.importorskip("torch")
+    from tasks.generators import gpu
+    from tasks.metrics import metrics
+
+    def gpu_samples() -> dict[tuple[str, str], float]:
+        return {
+            (s.name, s.labels["device"]): s.value
+            for family in metrics().registry.collect()
+            for s in family.samples
+            if s.name.startswith("genqueue_gpu_")
+        }
+
+    if torch.cuda.is_available():
+        pytest.skip("fakes CUDA devices on a machine without any")
+    assert gpu.watch() is False
+    assert gpu_samples() == {}  # absent, not zero
+    # Two devices as torch reports them, without nvidia-ml-py (no utilisation then).
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda i: 1000 + i)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda i: 2000 + i)
+    monkeypatch.setattr(gpu, "_nvml_missing", False)
+
+    def no_nvml(_index: int) -> int:
+        raise ModuleNotFoundError("pynvml does not seem to be installed")
+
+    monkeypatch.setattr(torch.cuda, "utilization", no_nvml)
+    gpu.sample()
+    assert gpu_samples() == {
+        ("genqueue_gpu_memory_allocated_bytes", "0"): 1000,
+        ("genqueue_gpu_memory_allocated_bytes", "1"): 1001,
+        ("genqueue_gpu_memory_reserved_bytes", "0"): 2000,
+        ("genqueue_gpu_memory_reserved_bytes", "1"): 2001,
+    }
+    monkeypatch.setattr(torch.cuda, "utilization", lambda i: 40 + i)
+    monkeypatch.setattr(gpu, "_nvml_missing", False)
+    gpu.sample()
+    assert gpu_samples()[("genqueue_gpu_utilization_percent", "1")] == 41
