@@ -26,7 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from celery.signals import worker_init, worker_process_shutdown, worker_shutdown
+from celery.signals import worker_init, worker_process_init, worker_process_shutdown, worker_shutdown
 
 from models import states
 from models.settings import Settings
@@ -190,6 +190,13 @@ def _on_worker_init(sender: Any = None, **_: Any) -> None:
         _no_files()
 
 
+def _on_process_init(**_: Any) -> None:
+    # A prefork child inherits the listening socket with the fork. Closed here, or a child that
+    # outlives a killed main process would hold the port, and the restarted worker could not bind.
+    if _endpoint is not None:
+        _endpoint.server.socket.close()
+
+
 def _on_process_shutdown(pid: int | None = None, **_: Any) -> None:
     # Sent in a prefork child as it exits; it inherited the endpoint's record from the main process.
     if _endpoint is not None and _endpoint.directory is not None:
@@ -206,5 +213,6 @@ def connect() -> None:
     """Hook the endpoint and the finish observer into the worker (idempotent)."""
     states.on_finish(metrics.on_job_finished)
     worker_init.connect(_on_worker_init, weak=False, dispatch_uid="genqueue-metrics-init")
+    worker_process_init.connect(_on_process_init, weak=False, dispatch_uid="genqueue-metrics-child-init")
     worker_process_shutdown.connect(_on_process_shutdown, weak=False, dispatch_uid="genqueue-metrics-child")
     worker_shutdown.connect(_on_worker_shutdown, weak=False, dispatch_uid="genqueue-metrics-stop")

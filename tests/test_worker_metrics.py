@@ -179,6 +179,9 @@ def test_a_prefork_worker_serves_its_childrens_metrics(
 
     wait_for(replaced, 30, 0.2, "the pool to replace its child")
     assert scrape(port) == samples
+    # Only the main process listens: a child outliving it must not keep the port from a restart.
+    for child in celery_main.children():
+        assert port not in {c.laddr.port for c in child.net_connections("tcp") if c.status == "LISTEN"}
 
 
 def test_the_gpu_gauges_exist_only_with_cuda_one_sample_per_device(monkeypatch) -> None:
