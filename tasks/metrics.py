@@ -1,8 +1,8 @@
 """The workers' Prometheus metrics: every definition, built on first use (docs/OPERATIONS.md lists them).
 
-Nothing here runs at import, and prometheus_client itself is imported on first use: a worker
-with its metrics endpoint on must set PROMETHEUS_MULTIPROC_DIR before that import (the
-library picks its storage then), see tasks.metrics_server. Labels are bounded: stages,
+Nothing here runs at import, prometheus_client included: the library picks its storage (memory,
+or multiprocess files under PROMETHEUS_MULTIPROC_DIR) when imported, which tasks.metrics_server
+arranges. The instrumented modules call these with a line per event. Labels are bounded: stages,
 statuses, error codes and outcomes from the code, never a job id or a tenant.
 """
 

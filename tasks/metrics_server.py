@@ -6,9 +6,9 @@ the main process and its prefork children record lives in files there, and a scr
 all (prometheus_client multiprocess mode). `worker_init` (main process, before the pool forks)
 binds the port, then empties the directory and serves. The port is bound first: a second worker
 started on the same port fails to bind and leaves the first one's files alone (it logs and
-runs unserved).
-A child's live gauges go when it exits (worker_process_shutdown, or at the next scrape if it
-was killed); its counters and histograms stay in the totals, as a restart of it must not lower them.
+runs unserved). A prefork child's live gauges go when it exits (worker_process_shutdown, or
+at the next scrape if it was killed); its counters and histograms stay in the totals, as its
+replacement must not lower them.
 """
 
 from __future__ import annotations
@@ -143,14 +143,14 @@ def start(settings: Settings) -> Endpoint | None:
     if server is None:
         _no_files()
         return None
-    directory: Path | None = settings.worker_metrics_files
-    if directory is not None and _files_mode(directory):
+    directory: Path | None = None
+    if _files_mode(settings.worker_metrics_files):
         # The port is ours, so the directory named after it is too: empty it for this run. No
         # value exists yet (the first is recorded after worker_init), so no file is open in it.
+        directory = settings.worker_metrics_files
         shutil.rmtree(directory, ignore_errors=True)
         directory.mkdir(parents=True)
     else:
-        directory = None
         log.warning("worker metrics: started without PROMETHEUS_MULTIPROC_DIR (run the worker "
                     "through `genqueue worker`); serving this process's metrics only, without "
                     "those of prefork children")  # fmt: skip
