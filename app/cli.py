@@ -146,11 +146,12 @@ def worker(max_restarts: int | None, celery_args: tuple[str, ...]) -> None:
 
     SIGTERM/SIGINT/SIGQUIT are passed on and stop it for good; see app/supervise.py.
     """
-    from app.supervise import celery_worker_command, supervise
+    from app.supervise import celery_worker_command, supervise, worker_environment
 
     settings = Settings()
     status = supervise(
         celery_worker_command(celery_args),
+        env=worker_environment(settings),
         backoff_s=settings.worker_restart_backoff_s,
         backoff_max_s=settings.worker_restart_backoff_max_s,
         max_restarts=max_restarts,

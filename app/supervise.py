@@ -18,8 +18,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
+
+from models.settings import Settings
 
 log = logging.getLogger("genqueue.supervise")
 
@@ -35,6 +37,20 @@ Spawn = Callable[[], "subprocess.Popen[bytes]"]
 
 def celery_worker_command(args: Sequence[str]) -> list[str]:
     return [sys.executable, "-m", "celery", "-A", "tasks.worker", "worker", *args]
+
+
+def worker_environment(settings: Settings, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The worker's environment: PROMETHEUS_MULTIPROC_DIR is its own metrics directory, or unset.
+
+    prometheus_client picks its storage when it is imported, and the Celery command imports it
+    (through Flower's plugin) before any code of ours runs, so the variable must be there when
+    the process starts. An inherited one (gunicorn's) is another server's directory: dropped.
+    The worker empties its directory itself, once it holds the port (tasks.metrics_server).
+    """
+    env = {k: v for k, v in environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    if settings.worker_metrics_port:
+        env["PROMETHEUS_MULTIPROC_DIR"] = str(settings.worker_metrics_files)
+    return env
 
 
 def die_with_parent() -> None:
@@ -87,8 +103,9 @@ class Supervisor:
         max_restarts: int | None = None,
         spawn: Spawn | None = None,
         group: bool = False,
+        env: Mapping[str, str] | None = None,
     ) -> None:
-        self.cmd, self.name, self.group = list(cmd), name, group
+        self.cmd, self.name, self.group, self.env = list(cmd), name, group, env
         self.backoff_s, self.backoff_max_s, self.stable_s = backoff_s, backoff_max_s, stable_s
         self.max_restarts = max_restarts
         self._spawn = spawn or self._spawn_plain
@@ -97,7 +114,7 @@ class Supervisor:
         self.child: subprocess.Popen[bytes] | None = None
 
     def _spawn_plain(self) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(self.cmd, start_new_session=True, preexec_fn=die_with_parent)
+        return subprocess.Popen(self.cmd, env=self.env, start_new_session=True, preexec_fn=die_with_parent)
 
     def stopping(self) -> bool:
         return self._stop.is_set()
@@ -159,6 +176,7 @@ class Supervisor:
 def supervise(
     cmd: Sequence[str],
     *,
+    env: Mapping[str, str] | None = None,
     backoff_s: float = 1.0,
     backoff_max_s: float = 30.0,
     stable_s: float = 60.0,
@@ -166,7 +184,12 @@ def supervise(
 ) -> int:
     """Supervise `cmd` in this (main) thread, taking the stop signals; returns the exit status."""
     sup = Supervisor(
-        cmd, backoff_s=backoff_s, backoff_max_s=backoff_max_s, stable_s=stable_s, max_restarts=max_restarts
+        cmd,
+        env=env,
+        backoff_s=backoff_s,
+        backoff_max_s=backoff_max_s,
+        stable_s=stable_s,
+        max_restarts=max_restarts,
     )
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:

@@ -91,6 +91,24 @@ class Settings(BaseSettings):
         30.0,
         description="`genqueue worker`, `genqueue start`: the restart wait doubles per quick exit to this.",
     )
+    worker_metrics_port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="Port of the worker's own Prometheus endpoint (`/metrics`), served by its main "
+        "process for all its pool processes; 0: off. One port per worker on a host: the Procfile "
+        "gives each worker line its own (docs/OPERATIONS.md).",
+    )
+    worker_metrics_address: str = Field(
+        "127.0.0.1",
+        description="The address the worker metrics endpoint listens on; `0.0.0.0` for a Prometheus "
+        "on another host.",
+    )
+    worker_metrics_dir: Path = Field(
+        Path("var/worker-metrics"),
+        description="Where a worker with a metrics port keeps its pool processes' metric files: "
+        "`<dir>/<port>`, emptied when the worker starts.",
+    )
 
     # -- database
     db_pool_size: int = Field(
@@ -318,6 +336,11 @@ class Settings(BaseSettings):
         description="`genqueue flower`: `true` serves Flower's UI and API without authentication, on a "
         "loopback address only (development machines).",
     )
+
+    @property
+    def worker_metrics_files(self) -> Path:
+        """The worker's private prometheus multiprocess directory: `<worker_metrics_dir>/<port>`."""
+        return (self.worker_metrics_dir / str(self.worker_metrics_port)).resolve()
 
     @property
     def is_sqlite(self) -> bool:

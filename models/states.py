@@ -9,6 +9,7 @@ or finish it twice. Callers commit; the event is in the same transaction (outbox
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 from functools import cache
 from typing import Any
@@ -23,6 +24,18 @@ from models.db import rowcount
 from models.job import ACTIVE, Job, JobStatus, Stage
 
 Deadline = datetime | ColumnElement[datetime]  # a value, or an expression on the row's old values
+
+# Observers of finished jobs (the workers' metrics, tasks.metrics): called with the session, the
+# job row as its terminal transition left it and how many cache followers finished with it.
+FinishHook = Callable[[Session, Job, int], None]
+_finish_hooks: list[FinishHook] = []
+
+
+def on_finish(hook: FinishHook) -> FinishHook:
+    """Register a finish observer (idempotent). It runs inside the transition's transaction."""
+    if hook not in _finish_hooks:
+        _finish_hooks.append(hook)
+    return hook
 
 
 def _transition(
@@ -95,12 +108,15 @@ def _transition_row(
 
 
 def _settle(session: Session, job: Job | None) -> bool:
-    """After a transition that finished `job` (None: it did not happen), finish its cache followers."""
+    """After a transition that finished `job` (None: it did not happen): its cache followers, observers."""
     if job is None:
         return False
     # Only jobs with a cache key can have followers: most finish without another query.
+    followers = 0
     if job.cache_key is not None:
-        settle_followers(session, job.id)  # identical jobs waiting on this one finish with it
+        followers = settle_followers(session, job.id)  # identical jobs waiting on this one finish with it
+    for hook in _finish_hooks:
+        hook(session, job, followers)
     return True
 
 

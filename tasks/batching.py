@@ -42,6 +42,7 @@ from tasks.generators.base import (
     VideoRequest,
 )
 from tasks.generators.registry import get_generator
+from tasks.metrics import generating
 
 log = logging.getLogger(__name__)
 
@@ -235,9 +236,10 @@ def _generate(
     should_cancel: CancelCheck | None,
 ) -> Sequence[Any]:
     """One generate() call; only video adapters report steps (the text contract takes no on_step)."""
-    if isinstance(gen, VideoGenerator):
-        return gen.generate(requests, on_step=_step_callback(progress), should_cancel=should_cancel)
-    return gen.generate(requests, should_cancel=should_cancel)
+    with generating(gen.stage, len(requests)):
+        if isinstance(gen, VideoGenerator):
+            return gen.generate(requests, on_step=_step_callback(progress), should_cancel=should_cancel)
+        return gen.generate(requests, should_cancel=should_cancel)
 
 
 def _runner(spec: StageSpec) -> RunBatch:

@@ -13,6 +13,7 @@ from models import Job, JobStatus, states
 from models.db import transaction
 from models.recovery import FINISHED_UNSUCCESSFULLY, mark_compensated
 from tasks import artifacts
+from tasks.metrics import metrics
 from tasks.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,7 @@ def compensate_job(rt: Runtime, job_id: uuid.UUID) -> bool:
         released = [repr(hook(s, job)) for hook in _release_hooks]
         if released:
             data["released"] = released
+    metrics().compensations.labels(data["status"]).inc()
     log.info("job %s compensated: %s", job_id, data)
     return True
 

@@ -22,6 +22,7 @@ from tasks.contract.stages import spec_for
 from tasks.contract.transient import TRANSIENT_ERRORS, is_transient
 from tasks.generators.base import Canceled, GeneratorError, OutOfMemory, VideoRequest
 from tasks.generators.registry import release_memory
+from tasks.metrics import metrics
 from tasks.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,7 @@ def infra_retry(task: Task[Any, Any], rt: Runtime, job_id: uuid.UUID, stage: str
             "job %s %s: %s unavailable (%s); retry in %.1fs",
             job_id, stage or "compensate", "database or broker", type(exc).__name__, countdown,
         )  # fmt: skip
+        metrics().retries.labels(stage or "compensate", "infra").inc()
         _retry(task, countdown, exc)
 
 
@@ -106,6 +108,8 @@ def handle(
                 record_retry(s, job_id, stage, data, hard_limit(settings, stage) + settings.stage_grace_s)
             if recorded:
                 log.warning("job %s video stage: %s; retrying degraded: %s", job_id, record["reason"], record)
+                metrics().degradations.labels(record["reason"]).inc()
+                metrics().retries.labels(stage, "degraded").inc()
                 _retry(task, 0, exc)
     retryable = isinstance(exc, GeneratorError) and exc.retryable
     if retryable and job.attempts <= settings.max_retries:
@@ -116,6 +120,7 @@ def handle(
             deadline = countdown + hard_limit(settings, stage) + settings.stage_grace_s
             record_retry(s, job_id, stage, data, deadline)
         log.warning("job %s %s stage: %s; retry %d in %.2fs", job_id, stage, exc, job.attempts, countdown)
+        metrics().retries.labels(stage, code).inc()
         _retry(task, countdown, exc)
     code, message = _classify(stage, exc)
     compensation.fail_and_compensate(rt, job_id, code, message, stage)

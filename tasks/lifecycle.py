@@ -10,6 +10,7 @@ from celery import Celery
 from celery.signals import worker_process_init, worker_ready
 
 from models.settings import Settings
+from tasks import metrics_server
 from tasks.celery_app import app_settings
 from tasks.contract.stages import spec_for
 from tasks.generators.registry import get_generator
@@ -49,6 +50,7 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
 
 
 def connect(app: Celery) -> None:
-    """Hook the model loading into the worker signals (idempotent)."""
+    """Hook the model loading and the metrics endpoint into the worker signals (idempotent)."""
+    metrics_server.connect()
     worker_process_init.connect(_on_process_init, weak=False, dispatch_uid="genqueue-preload-child")
     worker_ready.connect(_on_worker_ready, weak=False, dispatch_uid="genqueue-preload-ready")

@@ -20,6 +20,7 @@ from tasks.contract import names
 from tasks.contract.publish import publish_job
 from tasks.contract.stages import ENTRY_STAGE, QUEUES
 from tasks.contract.transient import TRANSIENT_ERRORS
+from tasks.metrics import metrics
 from tasks.runtime import Runtime, runtime
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,8 @@ SUSPECTS = 50
 def reap_stuck_jobs(self: Task[[], dict[str, int]]) -> dict[str, int]:
     """The beat entry point; see reap()."""
     counts = reap(runtime(self.app), self.app)
+    for action, n in counts.items():
+        metrics().reaper_actions.labels(action).inc(n)
     if any(counts.values()):
         log.warning("reaper: %s", counts)
     return counts

@@ -18,7 +18,7 @@ from models import Job, Stage, states
 from models.db import transaction
 from models.recovery import deadline_in, entry_deadline
 from models.settings import Settings
-from tasks import artifacts, compensation, degrade, failures, outcome
+from tasks import artifacts, compensation, degrade, failures, metrics, outcome
 from tasks.batching import run_batched
 from tasks.contract import names
 from tasks.contract.stages import ENTRY_STAGE, is_final
@@ -51,8 +51,9 @@ def _enter_stage(rt: Runtime, job_id: uuid.UUID, stage: Stage) -> Job | None:
                 where = f"{current.status}/{current.stage}"
                 log.info("job %s is %s; %s stage has nothing to do", job_id, where, stage)
             return None
-        if job.attempts <= s_.max_stage_attempts:
-            return job
+    if job.attempts <= s_.max_stage_attempts:
+        metrics.stage_entered(job, stage)  # committed: the stage has started
+        return job
     # A message that keeps coming back (its worker keeps dying) must not loop forever.
     message = f"{stage} stage gave up after {job.attempts - 1} attempts"
     compensation.fail_and_compensate(rt, job_id, "too_many_attempts", message, stage)
@@ -87,18 +88,20 @@ def _text_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID) -> None:
             raise result.error
     except Exception as exc:
         failures.handle(self, rt, job, Stage.TEXT, exc)
-    final = is_final(job.modality, Stage.TEXT)
+    final, seconds = is_final(job.modality, Stage.TEXT), round(time.monotonic() - started, 3)
     with transaction(rt.sessions) as s:
-        states.complete_text(
+        done = states.complete_text(
             s,
             jid,
             result.text,
-            round(time.monotonic() - started, 3),
+            seconds,
             final=final,
             progress=TEXT_DONE_PROGRESS,
             # Now waiting for a video worker.
             deadline_at=None if final else deadline_in(rt.settings.queued_timeout_s),
         )
+    if done:
+        metrics.metrics().stage_duration.labels(Stage.TEXT).observe(seconds)
 
 
 @shared_task(bind=True, name=names.GENERATE_VIDEO)
@@ -124,6 +127,8 @@ def _video_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID) -> None:
         failures.handle(self, rt, job, Stage.VIDEO, exc, video_request=request)
     with transaction(rt.sessions) as s:
         done = states.complete_video(s, jid, relpath, size, seconds)
+    if done:
+        metrics.metrics().stage_duration.labels(Stage.VIDEO).observe(seconds)
     outcome.settle(rt, jid, Outcome.COMPLETED if done else Outcome.OVERTAKEN)
 
 

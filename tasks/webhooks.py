@@ -41,6 +41,7 @@ from models.webhook import (
 from tasks import webhook_send
 from tasks.contract import names
 from tasks.contract.publish import publish_dispatch
+from tasks.metrics import metrics, webhook_overdue_jobs
 from tasks.runtime import Runtime, runtime
 from tasks.webhook_send import Outcome, Verdict
 
@@ -282,6 +283,8 @@ def send_due(sessions: sessionmaker[Session], settings: Settings, job_id: uuid.U
                     log.info("webhook %s %s withdrawn: endpoint disabled", msg_id, d.event_type)
                     continue
                 retry_at = _record(s, settings, d, out, started)
+            exhausted = out.verdict == Verdict.RETRY and retry_at is None  # no retry left: given up
+            metrics().webhook_attempts.labels("exhausted" if exhausted else out.verdict).inc()
             if retry_at is not None:
                 wake = retry_at if wake is None else min(wake, retry_at)
             log.info(
@@ -331,6 +334,7 @@ def relay_webhooks(self: Task[[], int]) -> int:
     """Beat: wake a dispatcher for every job whose webhooks fell behind."""
     rt = runtime(self.app)
     jobs = overdue_jobs(rt.sessions, rt.settings.webhook_relay_grace_s)
+    webhook_overdue_jobs().set(len(jobs))
     if jobs:
         log.info("relay: waking webhook dispatch for %d jobs", len(jobs))
         publish_dispatch(self.app, jobs)

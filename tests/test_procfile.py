@@ -60,6 +60,10 @@ def stack_env(settings, sessions, broker) -> dict[str, str]:
         "PORT": str(free_port()),
         "WEB_CONCURRENCY": "1",
         "FLOWER_PORT": str(free_port()),
+        # Each worker line's own metrics port (free ones: other stacks may run on this host).
+        "TEXT_WORKER_METRICS_PORT": str(free_port()),
+        "VIDEO_WORKER_METRICS_PORT": str(free_port()),
+        "DEFAULT_WORKER_METRICS_PORT": str(free_port()),
     }
 
 
@@ -122,6 +126,11 @@ def test_the_readme_command_runs_a_video_job_and_stops_gracefully(stack_env, ses
         wait_for(queues, 60, 1, "Flower to see the text and video queues")
         ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
         assert FLOWER_PASSWORD not in ps  # the credentials travel in the environment, not argv
+
+        # The video worker's main process serves what its prefork child recorded.
+        video_metrics = f"http://127.0.0.1:{stack_env['VIDEO_WORKER_METRICS_PORT']}/metrics"
+        scrape = httpx.get(video_metrics, timeout=10).text
+        assert 'genqueue_stage_duration_seconds_count{stage="video"} 1.0' in scrape, scrape
 
         # Graceful stop: SIGTERM while a job is in its video stage and its submit is held open
         # (Prefer: wait): the worker finishes the task and web answers the held request.

@@ -21,7 +21,7 @@ from tasks.maintenance import reap
 from tasks.runtime import runtime
 from tests.support.jobs import broker_idle, create_job, event_rows, events, get, wait_done
 from tests.support.procs import ROOT, Worker, wait_for, worker_env
-from tests.support.workers import thread_workers
+from tests.support.workers import metric, thread_workers
 
 
 def _later(settings, seconds: float):
@@ -148,9 +148,16 @@ def test_the_reaper_is_scheduled_and_runs_as_a_task(settings, sessions, broker):
     assert entry["schedule"] == settings.reaper_interval_s
     assert "celery -A tasks.worker beat" in (ROOT / "Procfile").read_text()
     jid = create_job(sessions)
+
+    def requeued() -> float:
+        return metric("genqueue_reaper_actions_total", action="requeued_unpublished")
+
+    before = requeued()
     with thread_workers(settings, publish_grace_s=0) as app:
         app.send_task(names.REAP_STUCK_JOBS)
         assert wait_done(sessions, jid).status == "succeeded"
+        # Counted as the task returns, after it published the job.
+        wait_for(lambda: requeued() == before + 1)
 
 
 @pytest.mark.slow

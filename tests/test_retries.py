@@ -19,7 +19,7 @@ from tests.support.jobs import (
     wait_done,
 )
 from tests.support.procs import wait_for
-from tests.support.workers import thread_workers
+from tests.support.workers import metric, thread_workers
 
 GEN = "tests.support.generators"
 
@@ -130,10 +130,12 @@ def _video_size(settings, job: Job) -> tuple[int, int]:
 
 
 def test_out_of_memory_degrades_once_when_allowed(settings, sessions, broker):
+    degraded = metric("genqueue_degradations_total", reason="out_of_memory")
     with thread_workers(settings, video_model=f"{GEN}:SizeLimitedVideo") as app:
         jid = submit(sessions, app, width=128, height=96, steps=4, allow_degraded=True)
         job = wait_done(sessions, jid)
         assert job.status == "succeeded", job.error_message
+        assert metric("genqueue_degradations_total", reason="out_of_memory") == degraded + 1
         assert job.degraded == {
             "reason": "out_of_memory",
             "from": {"width": 128, "height": 96, "steps": 4, "model": f"{GEN}:SizeLimitedVideo"},

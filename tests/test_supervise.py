@@ -11,7 +11,8 @@ from pathlib import Path
 
 import psutil
 
-from app.supervise import supervise
+from app.supervise import supervise, worker_environment
+from models.settings import Settings
 from tests.support.procs import ROOT, wait_for
 
 
@@ -93,3 +94,11 @@ def test_sigterm_is_forwarded_once_and_ends_supervision(tmp_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_the_worker_gets_its_own_metrics_directory_never_an_inherited_one(tmp_path):
+    inherited = {"PATH": "/bin", "PROMETHEUS_MULTIPROC_DIR": "/run/gunicorn-metrics"}
+    off = worker_environment(Settings(worker_metrics_port=0), inherited)
+    assert off == {"PATH": "/bin"}
+    on = worker_environment(Settings(worker_metrics_port=9102, worker_metrics_dir=tmp_path), inherited)
+    assert on == {"PATH": "/bin", "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "9102")}

@@ -9,11 +9,13 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Literal, overload
 
 from models import catalog
 from tasks.generators.base import Generator, TextGenerator, VideoGenerator
+from tasks.metrics import metrics
 
 log = logging.getLogger(__name__)
 
@@ -81,9 +83,15 @@ def get_generator(kind: str, spec: str, dtype: str = "auto") -> Generator:
         if gen is None:
             gen = _resolve(kind, spec, dtype)()
             log.info("loading %s model %s", kind, spec)
+            started = time.monotonic()
             gen.load()
+            metrics().model_load.labels(kind).observe(time.monotonic() - started)
             _loaded[key] = gen
             log.info("%s model %s ready on %s", kind, spec, gen.device)
+            if str(gen.device).startswith("cuda"):
+                from tasks.generators import gpu  # torch is loaded already: the model is on CUDA
+
+                gpu.watch()
         return gen
 
 

@@ -51,3 +51,15 @@ def thread_workers(settings: Settings, **overrides: Any) -> Iterator[Celery]:
     app = create_celery(settings.model_copy(update=overrides), set_as_current=False)
     with in_process_worker(app):
         yield app
+
+
+def metric(name: str, **labels: str) -> float:
+    """A sample's value in this process's worker metrics (tasks.metrics), which in-process workers
+    record into; 0 when it has none yet. Tests compare it before and after."""
+    from tasks.metrics import metrics
+
+    for family in metrics().registry.collect():
+        for s in family.samples:
+            if s.name == name and s.labels == labels:
+                return float(s.value)
+    return 0.0
