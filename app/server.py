@@ -11,7 +11,10 @@ trickling connections starve everyone (gunicorn has no header-read timeout). Her
 - gunicorn's own protocol errors (414, 431, 400 on a bad request line) are problem+json like
   every other error, without echoing what the client sent.
 
-Only gunicorn and gevent are imported at module level: the arbiter imports this class before
+Each request starts with an empty log context: a connection's greenlet serves its keep-alive
+requests one after another, and nothing of one may be logged as part of the next.
+
+Only gunicorn, gevent and models.logs are imported at module level: the arbiter imports this class before
 it forks, and the application must be imported only after gevent has patched the worker.
 """
 
@@ -24,8 +27,10 @@ import socket
 from typing import Any
 
 import gevent
-from gunicorn import util
+from gunicorn import glogging, util
 from gunicorn.workers.ggevent import GeventWorker
+
+from models import logs  # the standard library and python-json-logger only (models.logs)
 
 _STATUS_LINE = re.compile(rb"^HTTP/1\.[01] (\d{3}) ([^\r\n]*)")
 
@@ -95,6 +100,7 @@ class HardenedGeventWorker(GeventWorker):
         self.max_body_bytes = settings.max_body_bytes
 
     def handle_request(self, listener_name: Any, req: Any, sock: Any, addr: Any) -> Any:
+        logs.clear()  # the app binds this request's id (app.request_id); the access log reads it
         self._buffer_body(req, sock)
         return super().handle_request(listener_name, req, sock, addr)
 
@@ -131,3 +137,12 @@ class HardenedGeventWorker(GeventWorker):
             util.write_nonblock(client, problem_bytes(status, title))
         except Exception:
             self.log.debug("Failed to send error message.")
+
+
+class Logger(glogging.Logger):
+    """gunicorn's logger under ops/gunicorn.conf.py's `logconfig_dict` (models.logs), with the access
+    log still off unless `accesslog` is set: gunicorn turns it on for any logconfig_dict, and it
+    costs throughput."""
+
+    def _compute_access_log_enabled(self) -> bool:
+        return bool(self.cfg.accesslog)
