@@ -26,8 +26,10 @@ FORWARDED = (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)  # Celery's own mean
 PR_SET_PDEATHSIG = 1
 
 
-def celery_worker_command(args: Sequence[str]) -> list[str]:
-    return [sys.executable, "-m", "celery", "-A", "tasks.worker", "worker", *args]
+def celery_worker_command(args: Sequence[str], *, quiet: bool = False) -> list[str]:
+    """`quiet`: no startup banner, which Celery prints as plain text (not a log line)."""
+    banner = ["--quiet"] if quiet else []
+    return [sys.executable, "-m", "celery", "-A", "tasks.worker", *banner, "worker", *args]
 
 
 def _die_with_parent() -> None:
