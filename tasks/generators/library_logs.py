@@ -15,10 +15,13 @@ import functools
 def quiet_model_libraries() -> None:
     """Turn the progress bars off and route the libraries' log records to the root handler (once)."""
     import diffusers.utils.logging as diffusers_logging
-    import huggingface_hub.utils.tqdm as hub_tqdm
     import transformers.utils.logging as transformers_logging
 
-    hub_tqdm.disable_progress_bars()
+    # Exported by huggingface_hub.utils (its documented home), through a lazy __init__ mypy
+    # reads as a private import.
+    from huggingface_hub.utils import disable_progress_bars  # type: ignore[attr-defined]
+
+    disable_progress_bars()
     for library in (transformers_logging, diffusers_logging):
         library.disable_progress_bar()
         library.disable_default_handler()
