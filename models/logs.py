@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import logging
 import logging.config
+import re
+import uuid
 from collections.abc import Mapping
 from contextvars import ContextVar
 from datetime import date, datetime
@@ -24,6 +26,10 @@ from pythonjsonlogger.json import JsonFormatter
 from models import redaction
 
 FIELDS = ("request_id", "job_id", "tenant", "stage", "task_id")
+REQUEST_ID_HEADER = "X-Request-Id"
+# What a proxy or client typically sends (a UUID, a hex or base64url trace id); anything else,
+# longer, or with characters a log reader could trip on, is replaced.
+_VALID_REQUEST_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
 LogFormat = Literal["json", "text"]
 
 _EMPTY: Mapping[str, str] = {}
@@ -50,6 +56,13 @@ def clear(**fields: object) -> None:
     """Start a new unit of work (a request, a task): drop every field, then bind `fields`."""
     _context.set(_EMPTY)
     bind(**fields)
+
+
+def request_id(sent: str | None) -> str:
+    """The client's X-Request-Id if well formed, else a new one (32 hex digits)."""
+    if sent is not None and _VALID_REQUEST_ID.fullmatch(sent):
+        return sent
+    return uuid.uuid4().hex
 
 
 def current() -> dict[str, str]:

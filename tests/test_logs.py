@@ -6,6 +6,7 @@ import io
 import json
 import logging
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -115,6 +116,8 @@ def test_problem_answers_carry_the_request_id(anon_client, client) -> None:
 def test_a_worker_logs_each_task_with_its_job_stage_and_task_id(client, worker, sessions, lines) -> None:
     job_id = submit(client, prompt="[[transient]] every time").get_json()["id"]
     assert wait_finished(client, job_id)["status"] == "failed"
+    # The job reads failed a moment before the task logs that it compensated it and ends.
+    wait_for(lambda: lines.matching(f"job {job_id} compensated"), 10, what="the compensation line")
     mine = [line for line in lines.all() if line.get("task_id") == stage_task_id(job_id, "text")]
     # The stage's retry warnings, Celery's own retry lines and the compensation: all in the task.
     for expected in ("text stage: echo: transient failure", "retry: Retry in", "compensated"):
@@ -136,7 +139,7 @@ def gunicorn(settings, sessions, broker, tmp_path) -> Iterator[tuple[str, Any]]:
     port = free_port()
     env = worker_env(
         settings, HOST="127.0.0.1", PORT=port, WEB_CONCURRENCY=1, GENQUEUE_LOG_FORMAT="json",
-        GUNICORN_ACCESS_LOG="-",
+        GUNICORN_ACCESS_LOG="-", GENQUEUE_WEB_BODY_TIMEOUT_S=1,
     )  # fmt: skip
     path = tmp_path / "gunicorn.log"
     with path.open("wb") as out:
@@ -201,6 +204,51 @@ def test_gunicorn_logs_json_and_keeps_concurrent_requests_apart(gunicorn, api_ke
     assert sorted(x["request_id"] for x in access) == sorted(sent)
     [anon] = [x for x in records if x["logger"] == "gunicorn.access" and "GET /v1/jobs " in x["message"]]
     assert anon["request_id"] == anonymous.headers[HEADER] and "job_id" not in anon
+
+
+def _raw(port: int, data: bytes, wait_s: float = 0) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(data)
+        chunks = []
+        while chunk := s.recv(65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+
+def _header(raw: bytes, name: str) -> str | None:
+    head = raw.partition(b"\r\n\r\n")[0].decode("latin-1")
+    return next((v.strip() for k, _, v in (ln.partition(":") for ln in head.split("\r\n")[1:])
+                 if k.lower() == name.lower()), None)  # fmt: skip
+
+
+def test_gunicorn_protocol_errors_carry_a_request_id(gunicorn) -> None:
+    """The answers gunicorn writes itself (408, 414) carry X-Request-Id too, and so do their lines."""
+    base, path = gunicorn
+    port = int(base.rsplit(":", 1)[1])
+    slow = _raw(port, b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nX-Request-Id: slow-body-1\r\n"
+                      b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{")  # fmt: skip
+    assert slow.startswith(b"HTTP/1.1 408") and _header(slow, HEADER) == "slow-body-1", slow
+    long_line = _raw(port, b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert long_line.startswith(b"HTTP/1.1 414"), long_line
+    assert GENERATED.fullmatch(_header(long_line, HEADER) or ""), long_line
+
+    def body_line() -> list[dict[str, Any]]:
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return [r for r in records if "request body not received" in r["message"]]
+
+    [line] = wait_for(body_line, 10, what="the 408 line")
+    assert line["request_id"] == "slow-body-1"
+
+
+def test_the_arbiter_loads_the_log_setup_without_the_app_stack() -> None:
+    """gunicorn's arbiter reads ops/gunicorn.conf.py and imports app.server before it forks:
+    neither may import Flask, SQLAlchemy or psycopg, which must wait for gevent's patching."""
+    code = (
+        "import runpy, sys; runpy.run_path('ops/gunicorn.conf.py'); import app.server; "
+        "heavy = [m for m in ('flask', 'sqlalchemy', 'psycopg', 'celery') if m in sys.modules]; "
+        "assert not heavy, heavy"
+    )
+    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, env={"PYTHONPATH": str(ROOT)})
 
 
 @pytest.mark.slow
