@@ -13,7 +13,7 @@ from sqlalchemy import Select
 
 from app.errors import Unauthorized
 from app.services import services
-from models import Job
+from models import Job, logs
 from models.db import read_only
 from models.keys import Principal, authenticate, hash_key
 
@@ -81,6 +81,7 @@ def _authenticate() -> None:
         log.info("rejected API key for %s %s", request.method, request.path)
         raise Unauthorized("The API key is invalid or has been revoked.")
     g.principal = principal
+    logs.bind(tenant=principal.tenant_id)
 
 
 def current_principal() -> Principal:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -14,9 +13,11 @@ from typing import Any
 import click
 
 from app.keys_cli import keys, tenants
+from models import logs
 from models.settings import Settings
 
 DEFAULT_DATA_DIR = Path("var/embedded")
+DEV_COMMANDS = frozenset({"demo", "serve"})  # text logs unless GENQUEUE_LOG_FORMAT says otherwise
 
 
 def _offline() -> None:
@@ -28,12 +29,20 @@ def _offline() -> None:
 
 @click.group()
 @click.option("-v", "--verbose", is_flag=True, help="Log at INFO level.")
-def main(verbose: bool) -> None:
+@click.pass_context
+def main(ctx: click.Context, verbose: bool) -> None:
     """Genqueue: run text and video generation jobs at high concurrency."""
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    settings = Settings()
+    explicit = settings.model_fields_set
+    # Production processes (the Procfile) log JSON; the commands a person watches in a terminal
+    # default to text. GENQUEUE_LOG_FORMAT / GENQUEUE_LOG_LEVEL, when set, win.
+    fmt = (
+        settings.log_format
+        if "log_format" in explicit or ctx.invoked_subcommand not in DEV_COMMANDS
+        else "text"
     )
+    level = settings.log_level if "log_level" in explicit else ("INFO" if verbose else "WARNING")
+    logs.configure(fmt, level)
 
 
 def _wait(client: Any, location: str, poll_s: float = 0.2) -> dict[str, Any]:
@@ -150,7 +159,7 @@ def worker(max_restarts: int | None, celery_args: tuple[str, ...]) -> None:
 
     settings = Settings()
     status = supervise(
-        celery_worker_command(celery_args),
+        celery_worker_command(celery_args, quiet=settings.log_format == "json"),
         env=worker_environment(settings),
         backoff_s=settings.worker_restart_backoff_s,
         backoff_max_s=settings.worker_restart_backoff_max_s,

@@ -9,7 +9,7 @@ from typing import Any
 from celery import Celery
 from flask import Flask
 
-from app import admission, auth, errors, health, jobs, limits, metrics, openapi, webhooks
+from app import admission, auth, errors, health, jobs, limits, metrics, openapi, request_id, webhooks
 from app.services import EXTENSION, Services
 from models import redaction
 from models.db import make_engine, make_session_factory
@@ -59,6 +59,7 @@ def create_app(
         metrics=metrics.Metrics(),
     )
 
+    request_id.init_app(app)  # first: every other hook's lines and answers carry the id
     errors.register_error_handler(app)
     metrics.init_app(app)
     # Auth before the limiter: it keys its counters by the authenticated key.

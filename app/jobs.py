@@ -38,7 +38,7 @@ from app.queue import QueueCounts
 from app.schemas import ListQuery, complete_params, field_errors, parse_job
 from app.services import extension, services
 from app.waiting import Waiters, prefer_wait
-from models import Job, JobStatus, Stage, cache, states
+from models import Job, JobStatus, Stage, cache, logs, states
 from models.base import utcnow
 from models.db import autocommit, read_only, transaction
 from models.job import TERMINAL
@@ -164,6 +164,7 @@ def submit() -> Answer:
     if idem is not None and (prior := idem.prior(svc.sessions)) is not None:
         return _accepted(prior, replayed=True)
     job_id, params = uuid.uuid4(), complete_params(req, svc.settings)
+    logs.bind(job_id=job_id)
     gate = admission()
     gate.admit(who, job_id, req.modality, req.prompt, req.priority or "normal", params)  # 403/503/429
     now = utcnow()
@@ -216,6 +217,7 @@ def submit() -> Answer:
             gate.release(who, job_id)
             raise
         queue.submitted(job.priority)
+    log.info("job accepted: %s, %s%s", job.modality, job.priority, ", from the cache" if job.cached else "")
     wait = prefer_wait(request.headers.get("Prefer"), svc.settings.max_wait_s)
     if wait and job.status not in TERMINAL and _waiters().wait(job.id, wait):
         with svc.sessions() as s:
@@ -255,6 +257,7 @@ def _publish(job: Job) -> None:
 
 def _accepted(job: Job, replayed: bool = False) -> Answer:
     """The job as it is now (an Idempotency-Key replay)."""
+    logs.bind(job_id=job.id)
     with services().sessions() as s:
         job = s.get(Job, job.id) or job
         resource = _resource(s, job)

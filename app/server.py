@@ -11,8 +11,12 @@ trickling connections starve everyone (gunicorn has no header-read timeout). Her
 - gunicorn's own protocol errors (414, 431, 400 on a bad request line) are problem+json like
   every other error, without echoing what the client sent.
 
-Only gunicorn and gevent are imported at module level: the arbiter imports this class before
-it forks, and the application must be imported only after gevent has patched the worker.
+Each request starts with an empty log context: a connection's greenlet serves its keep-alive
+requests one after another, and nothing of one may be logged as part of the next.
+
+Only gunicorn, gevent and models.logs are imported at module level: the arbiter imports this
+class before it forks, and the application must be imported only after gevent has patched the
+worker.
 """
 
 from __future__ import annotations
@@ -24,18 +28,23 @@ import socket
 from typing import Any
 
 import gevent
-from gunicorn import util
+from gunicorn import glogging, util
 from gunicorn.workers.ggevent import GeventWorker
+
+from models import logs  # the standard library and python-json-logger only (models.logs)
 
 _STATUS_LINE = re.compile(rb"^HTTP/1\.[01] (\d{3}) ([^\r\n]*)")
 
 
-def problem_bytes(status: int, title: str, content_type: str = "application/problem+json") -> bytes:
+def problem_bytes(
+    status: int, title: str, content_type: str = "application/problem+json", request_id: str = ""
+) -> bytes:
     """A whole HTTP/1.1 answer carrying an RFC 9457 document; the connection closes after it."""
     body = json.dumps({"type": "about:blank", "title": title, "status": status, "detail": title}).encode()
+    rid = f"{logs.REQUEST_ID_HEADER}: {request_id}\r\n" if request_id else ""
     head = (
         f"HTTP/1.1 {status} {title}\r\nConnection: close\r\nContent-Type: {content_type}\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
+        f"{rid}Content-Length: {len(body)}\r\n\r\n"
     )
     return head.encode("latin-1") + body
 
@@ -79,6 +88,14 @@ def _linger(sock: Any, seconds: float = 1.0) -> None:
         timer.close()
 
 
+def _request_id(req: Any) -> str:
+    """The request's X-Request-Id as the app would take it; a new one when the request (or its
+    headers) could not be read."""
+    headers = getattr(req, "headers", None) or []
+    sent = next((v for k, v in headers if k.upper() == logs.REQUEST_ID_HEADER.upper()), None)
+    return logs.request_id(sent)
+
+
 class HardenedGeventWorker(GeventWorker):
     """gunicorn's gevent worker with a body deadline and problem+json protocol errors."""
 
@@ -95,6 +112,7 @@ class HardenedGeventWorker(GeventWorker):
         self.max_body_bytes = settings.max_body_bytes
 
     def handle_request(self, listener_name: Any, req: Any, sock: Any, addr: Any) -> Any:
+        logs.clear()  # the app binds this request's id (app.request_id); the access log reads it
         self._buffer_body(req, sock)
         return super().handle_request(listener_name, req, sock, addr)
 
@@ -107,8 +125,10 @@ class HardenedGeventWorker(GeventWorker):
         except gevent.Timeout as exc:
             if exc is not timer:
                 raise
+            rid = _request_id(req)
+            logs.bind(request_id=rid)
             self.log.info("request body not received within %.0f s: 408", self.body_timeout_s)
-            util.write_nonblock(sock, problem_bytes(408, "Request Timeout"))
+            util.write_nonblock(sock, problem_bytes(408, "Request Timeout", request_id=rid))
             _linger(sock)
             raise StopIteration() from None  # base_async.handle closes the connection
         finally:
@@ -118,6 +138,8 @@ class HardenedGeventWorker(GeventWorker):
             req.must_close = True  # the rest is still unread on the socket: the app answers 413
 
     def handle_error(self, req: Any, client: Any, addr: Any, exc: BaseException) -> None:
+        rid = _request_id(req)
+        logs.clear(request_id=rid)  # gunicorn's line about the error, and the answer, carry it
         capture = _Capture(client)
         super().handle_error(req, capture, addr, exc)  # type: ignore[arg-type]  # a stand-in socket
         match = _STATUS_LINE.match(capture.data)
@@ -128,6 +150,15 @@ class HardenedGeventWorker(GeventWorker):
         # The title only: gunicorn's message can quote the request line or a header.
         status, title = int(match.group(1)), match.group(2).decode("latin-1")
         try:
-            util.write_nonblock(client, problem_bytes(status, title))
+            util.write_nonblock(client, problem_bytes(status, title, request_id=rid))
         except Exception:
             self.log.debug("Failed to send error message.")
+
+
+class Logger(glogging.Logger):
+    """gunicorn's logger under ops/gunicorn.conf.py's `logconfig_dict` (models.logs), with the access
+    log still off unless `accesslog` is set: gunicorn turns it on for any logconfig_dict, and it
+    costs throughput."""
+
+    def _compute_access_log_enabled(self) -> bool:
+        return bool(self.cfg.accesslog)

@@ -35,8 +35,10 @@ LINGER_S = 10.0
 Spawn = Callable[[], "subprocess.Popen[bytes]"]
 
 
-def celery_worker_command(args: Sequence[str]) -> list[str]:
-    return [sys.executable, "-m", "celery", "-A", "tasks.worker", "worker", *args]
+def celery_worker_command(args: Sequence[str], *, quiet: bool = False) -> list[str]:
+    """`quiet`: no startup banner, which Celery prints as plain text (not a log line)."""
+    banner = ["--quiet"] if quiet else []
+    return [sys.executable, "-m", "celery", "-A", "tasks.worker", *banner, "worker", *args]
 
 
 def worker_environment(settings: Settings, environ: Mapping[str, str] = os.environ) -> dict[str, str]:

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # docs/SETTINGS.md is generated from the fields below (python -m models.settings_doc), grouped by
@@ -341,6 +341,28 @@ class Settings(BaseSettings):
     def worker_metrics_files(self) -> Path:
         """The worker's private prometheus multiprocess directory: `<worker_metrics_dir>/<port>`."""
         return (self.worker_metrics_dir / str(self.worker_metrics_port)).resolve()
+
+    # -- logs
+    log_format: Literal["json", "text"] = Field(
+        "json",
+        description="`json`: one JSON object per line (with `request_id`, `job_id`, `tenant`, `stage`, "
+        "`task_id` where known) from gunicorn, the workers and beat; `text`: plain lines for a terminal. "
+        "`genqueue demo` and `genqueue serve` default to `text`.",
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = Field(
+        "INFO",
+        description="The lowest level logged. Celery workers and beat take their `-l` level when this is "
+        "not set; `genqueue` commands log WARNING unless `-v` or this is set.",
+    )
+
+    @field_validator("log_level", "log_format", mode="before")
+    @classmethod
+    def _case(cls, value: object) -> object:
+        # `info` and `JSON` mean what they say
+        if not isinstance(value, str):
+            return value
+        levels = ("debug", "info", "warning", "error", "critical")
+        return value.upper() if value.lower() in levels else value.lower()
 
     @property
     def is_sqlite(self) -> bool:

@@ -31,6 +31,7 @@ GROUPS: tuple[tuple[str, str], ...] = (
     ("Request limits and job defaults", "max_body_bytes"),
     ("Tenancy, rate limits and admission control ([API.md](API.md))", "ratelimit_url"),
     ("The production stack (`bin/start`)", "stop_timeout_s"),
+    ("Logs ([OPERATIONS.md](OPERATIONS.md))", "log_format"),
 )
 
 

@@ -2,6 +2,15 @@
 import multiprocessing
 import os
 
+
+def _log_config():
+    from models import logs
+    from models.settings import Settings
+
+    settings = Settings()
+    return logs.logging_config(settings.log_format, settings.log_level)
+
+
 bind = f"{os.environ.get('HOST', '0.0.0.0')}:{os.environ.get('PORT', '8000')}"
 # A greenlet per connection (gevent), not a thread: idle, slow-header and slow-body clients cost
 # a few KB each instead of a request thread (docs/RELIABILITY.md, "Hostile connections").
@@ -24,8 +33,14 @@ limit_request_field_size = 8190
 # Recycle workers now and then so slow leaks cannot grow without bound.
 max_requests = 20000
 max_requests_jitter = 2000
-accesslog = os.environ.get("GUNICORN_ACCESS_LOG")  # off by default: it costs throughput
+# Any value turns it on (off by default: it costs throughput); its lines go to the one handler below.
+accesslog = os.environ.get("GUNICORN_ACCESS_LOG")
 errorlog = "-"
+# gunicorn's own lines (and the access log when on) go through the processes' one log setup:
+# JSON or text (GENQUEUE_LOG_FORMAT), the request id, secrets masked. models.logs and
+# models.settings import neither SQLAlchemy nor Flask, which must wait for gevent's patching.
+logger_class = "app.server.Logger"
+logconfig_dict = _log_config()
 
 # Pooled database connections per worker process: greenlets queue for one (a request holds it
 # only while its statements run), so the pool bounds Postgres load, not concurrency. At most

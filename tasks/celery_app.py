@@ -6,13 +6,14 @@ from celery import Celery
 
 from models import redaction
 from models.settings import Settings, from_environment
-from tasks import amqp_fixes, kombu_fixes
+from tasks import amqp_fixes, kombu_fixes, log_context
 from tasks.config import celery_config
 
 
 def create_celery(settings: Settings, *, set_as_current: bool = True) -> Celery:
     """Build a configured Celery app. Builds no connection: that happens on first use."""
     redaction.install()  # workers and publishers alike: no secret in any log line
+    log_context.connect_task_context()  # a task's lines name its job, stage and task id
     # A Redis restart must cost a reconnect, not the worker (kombu bug, see tasks.kombu_fixes).
     if settings.broker_closed_transport_guard:
         kombu_fixes.install()

@@ -14,7 +14,7 @@ from typing import Any
 
 from celery import Task, shared_task
 
-from models import Job, Stage, states
+from models import Job, Stage, logs, states
 from models.db import transaction
 from models.recovery import deadline_in, entry_deadline
 from models.settings import Settings
@@ -51,6 +51,7 @@ def _enter_stage(rt: Runtime, job_id: uuid.UUID, stage: Stage) -> Job | None:
                 where = f"{current.status}/{current.stage}"
                 log.info("job %s is %s; %s stage has nothing to do", job_id, where, stage)
             return None
+        logs.bind(tenant=job.tenant_id)  # the task's id, job and stage were bound when it started
     if job.attempts <= s_.max_stage_attempts:
         metrics.stage_entered(job, stage)  # committed: the stage has started
         return job

@@ -87,3 +87,47 @@ def test_a_full_job_run_logs_no_secret(settings, sessions, broker, caplog):
         assert secret not in logged
         assert all(secret not in body for body in bodies)
     assert key[:11] in caplog.text  # the key's prefix stays, to tell which key it was
+
+
+@pytest.mark.parametrize("fmt", ["json", "text"])
+def test_log_lines_mask_secrets_in_messages_extras_and_tracebacks(fmt: str) -> None:
+    """Both formats of models.logs: the message, an `extra=` field, a nested value, an object's
+    repr and an exception's traceback are all masked, whatever the record factory did."""
+    import io
+    import json
+
+    from models import logs
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logs.JsonLines() if fmt == "json" else logs.TextLines())
+    log = logging.getLogger(f"genqueue.test.secrets.{fmt}")
+    log.addHandler(handler)
+    log.propagate = False
+    url = f"postgresql+psycopg://app:{DB_PASSWORD}@db/genqueue"
+
+    class Config:
+        def __repr__(self) -> str:
+            return f"Config(signing={WEBHOOK_SECRET})"
+
+    try:
+        log.warning(
+            "connecting to %s",
+            url,
+            extra={"broker": "redis://:hunter2hunter2@cache:6379/0", "nested": {"key": [WEBHOOK_SECRET]},
+                   "config": Config()},
+        )  # fmt: skip
+        try:
+            raise RuntimeError(f"failed on {url} with Authorization: Bearer tok-{DB_PASSWORD}")
+        except RuntimeError:
+            log.exception("unexpected")
+    finally:
+        log.removeHandler(handler)
+    out = stream.getvalue()
+    for secret in (DB_PASSWORD, "hunter2hunter2", "MfKQ9r8GKY"):
+        assert secret not in out
+    assert "RuntimeError" in out and "app:***@db" in out
+    if fmt == "json":
+        first, second = (json.loads(line) for line in out.splitlines())
+        assert first["broker"] == "redis://:***@cache:6379/0" and first["nested"] == {"key": ["whsec_***"]}
+        assert "whsec_***" in first["config"] and "Traceback" in second["exc_info"]

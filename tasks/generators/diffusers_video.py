@@ -22,6 +22,7 @@ from tasks.generators.base import (
     VideoResult,
 )
 from tasks.generators.device import dir_version, map_oom, pick_device
+from tasks.generators.library_logs import quiet_model_libraries
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,7 @@ class DiffusersVideoGenerator(VideoGenerator):
         return DiffusionPipeline.from_pretrained(self.path, local_files_only=True, dtype=dtype)
 
     def load(self) -> None:
+        quiet_model_libraries()  # no loading bars in the logs
         pipe = self._build_pipeline()
         pipe.to(self.device)
         pipe.set_progress_bar_config(disable=True)

@@ -33,6 +33,7 @@ from tasks.generators.base import (
     TextResult,
 )
 from tasks.generators.device import dir_version, map_oom, pick_device
+from tasks.generators.library_logs import quiet_model_libraries
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +118,7 @@ class CausalLMGenerator(TextGenerator):
         return model, tok
 
     def load(self) -> None:
+        quiet_model_libraries()  # no loading bars in the logs
         model, tok = self._load_model_and_tokenizer()
         tok.padding_side = "left"  # decoder-only models continue from the right edge
         if tok.pad_token_id is None:

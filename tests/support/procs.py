@@ -73,6 +73,7 @@ class Worker:
         concurrency: int = 1,
         gossip: bool = False,
         supervised: bool = False,
+        quiet: bool = False,
     ) -> None:
         self.env, self.queues, self.pool, self.concurrency = env, queues, pool, concurrency
         # The Procfile's workers run with gossip and mingle (their own broker consumers and
@@ -81,6 +82,7 @@ class Worker:
         # `genqueue worker ...` (app.supervise) as the Procfile runs it: self.pid is the
         # supervisor, its child the Celery worker, restarted when it exits unexpectedly.
         self.supervised = supervised
+        self.quiet = quiet  # no startup banner (plain text), as the Procfile's workers
         self.name = f"{name}-{uuid.uuid4().hex[:6]}"
         self.log = Path(log_dir) / f"{self.name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
@@ -95,7 +97,8 @@ class Worker:
         if self.supervised:
             cmd = [sys.executable, "-m", "app.cli", "worker", *args]
         else:
-            cmd = [sys.executable, "-m", "celery", "-A", "tasks.worker", "worker", *args]
+            quiet = ["--quiet"] if self.quiet else []
+            cmd = [sys.executable, "-m", "celery", "-A", "tasks.worker", *quiet, "worker", *args]
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(cmd, cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT)
         wait_for(self._ready, timeout, 0.2, f"worker {self.name} to start (log {self.log})")
