@@ -21,6 +21,8 @@ from prometheus_client import (
     multiprocess,
 )
 
+from app.errors import REASONS, ApiError
+
 
 class Metrics:
     """One registry per app, so several apps in one process (tests) never collide."""
@@ -39,6 +41,13 @@ class Metrics:
             ["endpoint", "method"],
             registry=self.registry,
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        )
+        self.problems = Counter(
+            "genqueue_http_problems",
+            "Problem (error) responses by status, problem type and reason (429: which limit; "
+            "503: which admission bound or dependency).",
+            ["status", "type", "reason"],
+            registry=self.registry,
         )
         self.jobs_submitted = Counter(
             "genqueue_jobs_submitted",
@@ -60,6 +69,12 @@ def _endpoint() -> str:
     return request.url_rule.rule if request.url_rule is not None else "unmatched"
 
 
+def problem_labels(err: ApiError) -> tuple[str, str, str]:
+    """(status, type, reason) of a problem response: the type's slug, from the error classes."""
+    reason = err.reason if err.reason in REASONS else "other"  # bounded whatever raised it
+    return str(err.status), err.slug or "about:blank", reason
+
+
 def init_app(app: Flask) -> None:
     metrics: Metrics = app.extensions["genqueue"].metrics
 
@@ -72,6 +87,9 @@ def init_app(app: Flask) -> None:
         started = g.pop("metrics_started", None)
         endpoint, method = _endpoint(), request.method
         metrics.requests.labels(endpoint, method, str(response.status_code)).inc()
+        problem = g.pop("problem", None)
+        if problem is not None:
+            metrics.problems.labels(*problem_labels(problem)).inc()
         if started is not None:
             metrics.latency.labels(endpoint, method).observe(time.perf_counter() - started)
         return response

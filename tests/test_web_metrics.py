@@ -1,0 +1,161 @@
+"""/metrics under the production gunicorn (several worker processes): every process's counts, exactly once."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.support.procs import ROOT, free_port, wait_for, worker_env
+
+CONFIG = str(ROOT / "ops/gunicorn.conf.py")
+PROBE = "/v1/jobs"  # unauthenticated: a 401 problem, no database; nothing else sends it
+
+
+class Web:
+    """A gunicorn master started as the Procfile does, with an access log naming the worker pid."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], base: str, log: Path, access: Path) -> None:
+        self.proc, self.base, self.log, self.access = proc, base, log, access
+
+    def workers(self) -> list[psutil.Process]:
+        return [p for p in psutil.Process(self.proc.pid).children() if p.status() != psutil.STATUS_ZOMBIE]
+
+    def probe(self, n: int) -> None:
+        """n requests, each on its own connection, 8 at a time, so every worker takes some."""
+
+        def one(_: int) -> int:
+            return httpx.get(self.base + PROBE, headers={"Connection": "close"}, timeout=10).status_code
+
+        with ThreadPoolExecutor(8) as pool:
+            assert set(pool.map(one, range(n))) == {401}
+
+    def pids_served(self) -> set[int]:
+        return {int(m) for m in re.findall(rf"^<(\d+)> {re.escape(PROBE)}$", self.access.read_text(), re.M)}
+
+    def scrape(self) -> dict[tuple[str, str], float]:
+        """{(endpoint, status): requests} and {("problem", type): count} from one /metrics."""
+        text = httpx.get(self.base + "/metrics", headers={"Connection": "close"}, timeout=10).text
+        out: dict[tuple[str, str], float] = {}
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.name == "genqueue_http_requests_total":
+                    key = (s.labels["endpoint"], s.labels["status"])
+                    out[key] = out.get(key, 0) + s.value
+                elif s.name == "genqueue_http_problems_total":
+                    out[("problem", s.labels["type"])] = s.value
+        return out
+
+
+@contextmanager
+def gunicorn(settings, tmp_path: Path, workers: int = 2, **env: str) -> Iterator[Web]:
+    port = free_port()
+    tmp = tmp_path / "tmp"  # where the master makes its private metrics directory
+    tmp.mkdir(exist_ok=True)
+    log, access = tmp_path / "gunicorn.log", tmp_path / "access.log"
+    access.touch()
+    penv = worker_env(
+        settings, HOST="127.0.0.1", PORT=port, WEB_CONCURRENCY=workers, TMPDIR=tmp, GUNICORN_ACCESS_LOG=access
+    )
+    penv.pop("PROMETHEUS_MULTIPROC_DIR", None)
+    penv |= env
+    cmd = [sys.executable, "-m", "gunicorn", "-c", CONFIG, "--access-logformat", "%(p)s %(U)s"]
+    cmd.append("app:create_app()")
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=penv, stdout=out, stderr=subprocess.STDOUT)
+    web = Web(proc, f"http://127.0.0.1:{port}", log, access)
+
+    def up() -> bool:
+        assert proc.poll() is None, log.read_text()
+        if log.read_text().count("Booting worker") < workers:
+            return False
+        try:
+            return httpx.get(web.base + "/v1/health", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_for(up, 60, what="gunicorn")
+        yield web
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def private_dirs(tmp_path: Path) -> list[Path]:
+    return list((tmp_path / "tmp").glob("genqueue-web-metrics-*"))
+
+
+def assert_counts(web: Web, n: int, scrapes: int = 5) -> None:
+    """Scrape after scrape: exactly n probes, and exactly the scrapes before this one."""
+    base = web.scrape().get(("/metrics", "200"), 0)
+    for i in range(scrapes):
+        seen = web.scrape()
+        assert seen[(PROBE, "401")] == n, seen
+        assert seen[("problem", "unauthorized")] == n, seen
+        assert seen[("/metrics", "200")] == base + 1 + i, seen  # the earlier scrapes, each once
+
+
+@pytest.mark.slow
+def test_every_worker_is_counted_once_scrape_after_scrape(settings, sessions, tmp_path):
+    with gunicorn(settings, tmp_path, workers=3) as web:
+        (metrics_dir,) = private_dirs(tmp_path)
+        assert stat.S_IMODE(metrics_dir.stat().st_mode) == 0o700  # private to the server's user
+        web.probe(60)
+        assert len(web.pids_served()) >= 2, web.pids_served()  # several processes served them
+        assert_counts(web, 60)
+        web.probe(20)
+        assert_counts(web, 80)
+        assert {f"counter_{p.pid}.db" for p in web.workers()} <= {f.name for f in metrics_dir.iterdir()}
+    assert private_dirs(tmp_path) == []  # removed with the server
+
+
+@pytest.mark.slow
+def test_a_killed_worker_keeps_its_counts_and_is_not_counted_twice(settings, sessions, tmp_path):
+    with gunicorn(settings, tmp_path, workers=2) as web:
+        web.probe(40)
+        served = web.pids_served()
+        victim = next(p for p in web.workers() if p.pid in served)
+        before = {p.pid for p in web.workers()}
+        victim.send_signal(signal.SIGKILL)
+        wait_for(
+            lambda: len(web.workers()) == 2 and {p.pid for p in web.workers()} != before,
+            30,
+            what="gunicorn to replace the killed worker",
+        )
+        wait_for(lambda: web.log.read_text().count("Booting worker") >= 3, 30, what="the new worker")
+        assert_counts(web, 40)  # the dead worker's share still counts, once
+        web.probe(40)
+        assert_counts(web, 80)
+
+
+@pytest.mark.slow
+def test_a_given_multiprocess_dir_is_emptied_at_start(settings, sessions, tmp_path):
+    """PROMETHEUS_MULTIPROC_DIR set by the operator: values left there by an earlier run are gone."""
+    given = tmp_path / "given"
+    given.mkdir()
+    stale = (
+        "from prometheus_client import Counter; "
+        "Counter('genqueue_http_requests', 'x', ['endpoint', 'method', 'status'])"
+        f".labels({PROBE!r}, 'GET', '401').inc(1000)"
+    )
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(given)}
+    subprocess.run([sys.executable, "-c", stale], env=env, check=True)
+    assert list(given.glob("counter_*.db"))
+    with gunicorn(settings, tmp_path, workers=2, PROMETHEUS_MULTIPROC_DIR=str(given)) as web:
+        assert private_dirs(tmp_path) == []
+        web.probe(10)
+        assert_counts(web, 10, scrapes=2)
+    assert given.is_dir()  # the operator's directory stays
