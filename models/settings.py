@@ -292,6 +292,14 @@ class Settings(BaseSettings):
     )
     admission_cache_s: float = Field(1.0, description="How long one process reuses a backlog measurement.")
 
+    # -- metrics (docs/OPERATIONS.md)
+    exporter_timeout_s: float = Field(
+        2.0,
+        gt=0,
+        description="`genqueue exporter`: how long one scrape waits for each source (broker, database); "
+        "a source past it is reported down (`genqueue_exporter_up 0`), not waited for.",
+    )
+
     @property
     def is_sqlite(self) -> bool:
         return self.database_url.startswith("sqlite")

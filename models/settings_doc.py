@@ -30,6 +30,7 @@ GROUPS: tuple[tuple[str, str], ...] = (
     ("Result cache and waiting", "cache_enabled"),
     ("Request limits and job defaults", "max_body_bytes"),
     ("Tenancy, rate limits and admission control ([API.md](API.md))", "ratelimit_url"),
+    ("Metrics ([OPERATIONS.md](OPERATIONS.md))", "exporter_timeout_s"),
 )
 
 

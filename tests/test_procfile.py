@@ -1,4 +1,5 @@
-"""The Procfile's processes (honcho) run a real video job on Postgres and Redis; Flower sees the queues."""
+"""The Procfile's processes (honcho) run a real video job on Postgres and Redis; Flower and the exporter
+see the queues."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parent.parent
-PROCESSES = ["web", "worker_text", "worker_video", "worker_default", "flower"]
+PROCESSES = ["web", "worker_text", "worker_video", "worker_default", "flower", "exporter"]
 
 
 def _free_port() -> int:
@@ -46,6 +47,7 @@ def procfile_env(settings, sessions, broker, tmp_path) -> dict[str, str]:
         "GENQUEUE_ARTIFACT_DIR": str(settings.artifact_dir),
         "WEB_CONCURRENCY": "1",
         "FLOWER_PORT": str(_free_port()),
+        "EXPORTER_PORT": str(_free_port()),
         "FLOWER_UNAUTHENTICATED_API": "true",
         "HF_HUB_OFFLINE": "1",
         "PYTHONUNBUFFERED": "1",
@@ -114,6 +116,14 @@ def test_procfile_runs_a_video_job(procfile_env, tmp_path) -> None:
                 names = {q["name"] for q in lengths.json().get("active_queues", [])}
             time.sleep(1)
         assert {"text", "video"} <= names, names
+
+        exporter = _wait_http(f"http://127.0.0.1:{env['EXPORTER_PORT']}/metrics", 60, proc).text
+        assert 'genqueue_exporter_up{source="broker"} 1.0' in exporter
+        assert 'genqueue_exporter_up{source="database"} 1.0' in exporter
+        assert 'genqueue_queue_depth{priority="normal",queue="video"} 0.0' in exporter  # drained
+        assert 'genqueue_jobs{modality="video",status="queued"} 0.0' in exporter
+        web_metrics = httpx.get(f"{web}/metrics", timeout=10).text
+        assert 'genqueue_jobs_submitted_total{modality="video"} 1.0' in web_metrics
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
