@@ -16,6 +16,7 @@ from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     generate_latest,
     multiprocess,
@@ -49,6 +50,14 @@ class Metrics:
             ["status", "type", "reason"],
             registry=self.registry,
         )
+        # Summed over the live processes only: a killed worker's requests are not in progress
+        # any more (ops/gunicorn.conf.py's child_exit drops its file).
+        self.in_progress = Gauge(
+            "genqueue_http_requests_in_progress",
+            "HTTP requests the app is handling now (a `Prefer: wait` submit counts while held).",
+            registry=self.registry,
+            multiprocess_mode="livesum",
+        )
         self.jobs_submitted = Counter(
             "genqueue_jobs_submitted",
             "Jobs accepted and published, by modality.",
@@ -81,6 +90,13 @@ def init_app(app: Flask) -> None:
     @app.before_request
     def _start_timer() -> None:
         g.metrics_started = time.perf_counter()
+        metrics.in_progress.inc()
+        g.metrics_in_progress = True
+
+    @app.teardown_request
+    def _done(_exc: BaseException | None) -> None:
+        if g.pop("metrics_in_progress", False):  # whatever happened to the request
+            metrics.in_progress.dec()
 
     @app.after_request
     def _record(response: Response) -> Response:

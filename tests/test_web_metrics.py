@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -18,6 +20,7 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support.api import make_api_key
 from tests.support.procs import ROOT, free_port, wait_for, worker_env
 
 CONFIG = str(ROOT / "ops/gunicorn.conf.py")
@@ -42,6 +45,27 @@ class Web:
         with ThreadPoolExecutor(8) as pool:
             assert set(pool.map(one, range(n))) == {401}
 
+    def kill_and_replace(self, victim: psutil.Process) -> None:
+        """SIGKILL one worker; return once gunicorn's replacement has loaded the app (its metrics
+        files exist): a server stopped while a worker still boots waits out graceful_timeout."""
+        before = {p.pid for p in self.workers()}
+        victim.send_signal(signal.SIGKILL)
+
+        def replaced() -> bool:
+            pids = {p.pid for p in self.workers()}
+            new = pids - before
+            return len(pids) == len(before) and bool(new) and all(self.loaded(p) for p in new)
+
+        wait_for(replaced, 60, what="gunicorn to replace the killed worker")
+
+    def loaded(self, pid: int) -> bool:
+        metrics_dir = Path(self.metrics_dir())
+        return (metrics_dir / f"gauge_livesum_{pid}.db").exists()
+
+    def metrics_dir(self) -> str:
+        # The master's private directory (these tests give none of their own when they kill).
+        return str(next(self.log.parent.glob("tmp/genqueue-web-metrics-*")))
+
     def pids_served(self) -> set[int]:
         return {int(m) for m in re.findall(rf"^<(\d+)> {re.escape(PROBE)}$", self.access.read_text(), re.M)}
 
@@ -56,6 +80,8 @@ class Web:
                     out[key] = out.get(key, 0) + s.value
                 elif s.name == "genqueue_http_problems_total":
                     out[("problem", s.labels["type"])] = s.value
+                elif s.name == "genqueue_http_requests_in_progress":
+                    out[("in_progress", "")] = s.value
         return out
 
 
@@ -108,7 +134,6 @@ def assert_counts(web: Web, n: int, scrapes: int = 5) -> None:
         assert seen[("/metrics", "200")] == base + 1 + i, seen  # the earlier scrapes, each once
 
 
-@pytest.mark.slow
 def test_every_worker_is_counted_once_scrape_after_scrape(settings, sessions, tmp_path):
     with gunicorn(settings, tmp_path, workers=3) as web:
         (metrics_dir,) = private_dirs(tmp_path)
@@ -128,17 +153,40 @@ def test_a_killed_worker_keeps_its_counts_and_is_not_counted_twice(settings, ses
         web.probe(40)
         served = web.pids_served()
         victim = next(p for p in web.workers() if p.pid in served)
-        before = {p.pid for p in web.workers()}
-        victim.send_signal(signal.SIGKILL)
-        wait_for(
-            lambda: len(web.workers()) == 2 and {p.pid for p in web.workers()} != before,
-            30,
-            what="gunicorn to replace the killed worker",
-        )
-        wait_for(lambda: web.log.read_text().count("Booting worker") >= 3, 30, what="the new worker")
+        web.kill_and_replace(victim)
         assert_counts(web, 40)  # the dead worker's share still counts, once
         web.probe(40)
         assert_counts(web, 80)
+
+
+def _held_submit(web: Web, key: str) -> socket.socket:
+    """A submit with `Prefer: wait=30` (no worker runs: it is held), on a connection kept open."""
+    body = json.dumps({"prompt": "a fox", "modality": "text"}).encode()
+    head = (
+        f"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\nPrefer: wait=30\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    sock = socket.create_connection(("127.0.0.1", int(web.base.rsplit(":", 1)[1])), timeout=30)
+    sock.sendall(head.encode() + body)
+    return sock
+
+
+@pytest.mark.slow
+def test_in_progress_drops_a_killed_workers_requests(settings, sessions, broker, tmp_path):
+    """A live gauge sums the live workers only: child_exit removes a dead worker's share."""
+    key = make_api_key(sessions)
+    with gunicorn(settings, tmp_path, workers=2) as web:
+        assert web.scrape()[("in_progress", "")] == 1  # the scrape itself
+        held = _held_submit(web, key)
+        wait_for(lambda: web.scrape()[("in_progress", "")] == 2, 10, what="the held submit")
+        port = held.getsockname()[1]
+        (holder,) = [
+            p for p in web.workers() if any(c.raddr and c.raddr.port == port for c in p.net_connections())
+        ]
+        web.kill_and_replace(holder)
+        held.close()
+        for _ in range(3):
+            assert web.scrape()[("in_progress", "")] == 1
 
 
 @pytest.mark.slow
