@@ -52,7 +52,10 @@ def _own_metrics_dir(path: str) -> bool:
 
 def _setup_metrics_dir() -> None:
     given = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
-    if not given:  # a private one: nothing another server left there can be counted
+    # A private one, nothing another server left there can be counted; also when the variable
+    # names the private directory of the master that started this one (a USR2 re-exec): the old
+    # master's workers still write there, and it removes the directory when it exits.
+    if not given or _own_metrics_dir(given):
         os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix=_METRICS_DIR_PREFIX)
         return
     # Given by the operator: emptied, since values of an earlier run would add to this one's.

@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import runpy
 import signal
 import socket
 import stat
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -207,3 +209,21 @@ def test_a_given_multiprocess_dir_is_emptied_at_start(settings, sessions, tmp_pa
         web.probe(10)
         assert_counts(web, 10, scrapes=2)
     assert given.is_dir()  # the operator's directory stays
+
+
+def test_a_reexecuted_master_makes_its_own_directory(monkeypatch, tmp_path):
+    """USR2 starts a new master that inherits the old one's variable: it must not empty (nor later
+    lose) the directory the old master's workers still write to, so it makes its own."""
+    monkeypatch.setattr(
+        os, "environ", {k: v for k, v in os.environ.items() if k != "PROMETHEUS_MULTIPROC_DIR"}
+    )
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    conf = runpy.run_path(CONFIG)
+    conf["_setup_metrics_dir"]()
+    old = Path(os.environ["PROMETHEUS_MULTIPROC_DIR"])
+    (old / "counter_1.db").write_bytes(b"x")  # a live old worker's values
+    conf["_setup_metrics_dir"]()  # the re-executed master, same environment
+    new = Path(os.environ["PROMETHEUS_MULTIPROC_DIR"])
+    assert new != old and (old / "counter_1.db").exists()
+    conf["on_exit"](None)
+    assert not new.exists() and old.exists()
