@@ -107,12 +107,14 @@ class Admission:
                     f"The {stage} stage is overloaded ({size} jobs waiting); retry later.",
                     retry_after=self._retry_after(size - bound + 1, b),
                     extra={"stage": stage},
+                    reason="text_backlog" if stage == "text" else "video_backlog",
                 )
         wait = b.wait_s()
         if s.admission_max_wait_s > 0 and wait is not None and wait > s.admission_max_wait_s:
             raise Overloaded(
                 f"The estimated wait ({wait:.0f} s) is over {s.admission_max_wait_s:.0f} s; retry later.",
                 retry_after=min(RETRY_MAX_S, max(RETRY_MIN_S, math.ceil(wait - s.admission_max_wait_s))),
+                reason="estimated_wait",
             )
 
     # -- the whole gate ----------------------------------------------------------------------

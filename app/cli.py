@@ -1,4 +1,5 @@
-"""The `genqueue` command: demo, serving, migrations, the production stack, supervised workers, Flower."""
+"""The `genqueue` command: demo, serving, migrations, the production stack, supervised workers, Flower,
+the metrics exporter."""
 
 from __future__ import annotations
 
@@ -145,6 +146,25 @@ def workers(timeout: float) -> None:
         click.echo(f"{name}: {', '.join(q['name'] for q in qs)}")
     if not queues:
         raise click.ClickException("no worker answered")
+
+
+@main.command()
+@click.option("--host", default="0.0.0.0", show_default=True)
+@click.option("--port", default=9808, show_default=True, type=int)
+def exporter(host: str, port: int) -> None:
+    """Serve /metrics: queue depths from the broker, jobs and webhook backlog from the database.
+
+    SIGTERM/SIGINT stop it. The metrics are listed in docs/OPERATIONS.md.
+    """
+    import signal
+    import threading
+
+    from app.exporter import serve
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    serve(Settings(), host, port, stop)
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Literal, get_args
 
-from flask import Flask, Response, json
+from flask import Flask, Response, g, has_request_context, json
 from werkzeug.exceptions import HTTPException
 from werkzeug.http import HTTP_STATUS_CODES
 
@@ -21,12 +21,29 @@ PROBLEM_JSON = "application/problem+json"
 PROBLEM_BASE = "tag:genqueue,2025:problem:"
 RETRY_AFTER_S = 5
 
+# Why a rejection happened, beyond its type: a fixed vocabulary (it becomes a metric label,
+# app/metrics.py), never free text. "" for types with a single cause.
+Reason = Literal[
+    "",
+    "rate",  # 429: the key's request rate limit
+    "active_jobs",  # 429: the tenant's queued + running jobs cap
+    "text_backlog",  # 503: admission, the text stage's backlog is over its bound
+    "video_backlog",  # 503: admission, the video stage's backlog is over its bound
+    "estimated_wait",  # 503: admission, the estimated wait is over its bound
+    "dependency",  # 503: the database or the broker failed transiently
+    "broker",  # 503: a submitted job could not be published
+    "not_ready",  # 503: /v1/ready found a dependency down
+]
+REASONS: frozenset[str] = frozenset(get_args(Reason))
+
+
 class ApiError(Exception):
     """An error the client may act on; subclasses fix status, title and type."""
 
     status = 500
     title = "Internal Server Error"
     slug: str | None = None  # None: about:blank
+    default_reason: Reason = ""
 
     def __init__(
         self,
@@ -35,9 +52,11 @@ class ApiError(Exception):
         errors: Iterable[Mapping[str, str]] = (),
         headers: Mapping[str, str] | None = None,
         extra: Mapping[str, Any] | None = None,
+        reason: Reason | None = None,
     ) -> None:
         super().__init__(detail or self.title)
         self.detail = detail or self.title
+        self.reason: Reason = self.default_reason if reason is None else reason
         self.errors = [{"field": e["field"], "message": e["message"]} for e in errors]
         self.headers = dict(headers or {})
         self.extra = dict(extra or {})
@@ -91,6 +110,7 @@ class ValidationFailed(ApiError):
 
 class TooManyRequests(ApiError):
     status, title, slug = 429, "Too Many Requests", "rate-limited"
+    default_reason: Reason = "rate"
 
     def __init__(self, detail: str | None = None, *, retry_after: int | None = None, **kw: Any) -> None:
         super().__init__(detail, **kw)
@@ -100,10 +120,12 @@ class TooManyRequests(ApiError):
 
 class QuotaExceeded(TooManyRequests):
     slug = "concurrency-limit"
+    default_reason: Reason = "active_jobs"
 
 
 class ServiceUnavailable(ApiError):
     status, title, slug = 503, "Service Unavailable", "service-unavailable"
+    default_reason: Reason = "dependency"
 
     def __init__(self, detail: str | None = None, *, retry_after: int = RETRY_AFTER_S, **kw: Any) -> None:
         super().__init__(detail, **kw)
@@ -175,7 +197,10 @@ def to_api_error(exc: BaseException) -> ApiError:
 def handle_error(exc: Exception) -> Response | HTTPException:
     if isinstance(exc, HTTPException) and exc.code is not None and exc.code < 400:
         return exc  # redirects raised by routing are not errors
-    return problem_response(to_api_error(exc))
+    err = to_api_error(exc)
+    if has_request_context():
+        g.problem = err  # counted by type and reason when the response goes out (app.metrics)
+    return problem_response(err)
 
 
 def register_error_handler(app: Flask) -> None:

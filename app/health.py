@@ -54,5 +54,7 @@ def ready() -> Response:
     checks = {"database": _probe(_check_database), "broker": _probe(_check_broker)}
     failed = [name for name, result in checks.items() if result["status"] != "ok"]
     if failed:
-        raise ServiceUnavailable(f"Not ready: {', '.join(failed)} unavailable.", extra={"checks": checks})
+        raise ServiceUnavailable(
+            f"Not ready: {', '.join(failed)} unavailable.", extra={"checks": checks}, reason="not_ready"
+        )
     return jsonify({"status": "ready", "checks": checks})

@@ -249,7 +249,9 @@ def _publish(job: Job) -> None:
     except Exception as exc:
         _discard(job.id)  # nothing may stay queued forever without a message
         if is_transient(exc):
-            raise ServiceUnavailable("The job queue is unavailable; the job was not accepted.") from exc
+            raise ServiceUnavailable(
+                "The job queue is unavailable; the job was not accepted.", reason="broker"
+            ) from exc
         raise
     svc.metrics.jobs_submitted.labels(job.modality).inc()
     _published().add(job.id)  # recorded within ~50 ms, in one UPDATE with its neighbours

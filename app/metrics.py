@@ -16,10 +16,13 @@ from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     generate_latest,
     multiprocess,
 )
+
+from app.errors import REASONS, ApiError
 
 
 class Metrics:
@@ -39,6 +42,21 @@ class Metrics:
             ["endpoint", "method"],
             registry=self.registry,
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        )
+        self.problems = Counter(
+            "genqueue_http_problems",
+            "Problem (error) responses by status, problem type and reason (429: which limit; "
+            "503: which admission bound or dependency).",
+            ["status", "type", "reason"],
+            registry=self.registry,
+        )
+        # Summed over the live processes only: a killed worker's requests are not in progress
+        # any more (ops/gunicorn.conf.py's child_exit drops its file).
+        self.in_progress = Gauge(
+            "genqueue_http_requests_in_progress",
+            "HTTP requests the app is handling now (a `Prefer: wait` submit counts while held).",
+            registry=self.registry,
+            multiprocess_mode="livesum",
         )
         self.jobs_submitted = Counter(
             "genqueue_jobs_submitted",
@@ -60,18 +78,34 @@ def _endpoint() -> str:
     return request.url_rule.rule if request.url_rule is not None else "unmatched"
 
 
+def problem_labels(err: ApiError) -> tuple[str, str, str]:
+    """(status, type, reason) of a problem response: the type's slug, from the error classes."""
+    reason = err.reason if err.reason in REASONS else "other"  # bounded whatever raised it
+    return str(err.status), err.slug or "about:blank", reason
+
+
 def init_app(app: Flask) -> None:
     metrics: Metrics = app.extensions["genqueue"].metrics
 
     @app.before_request
     def _start_timer() -> None:
         g.metrics_started = time.perf_counter()
+        metrics.in_progress.inc()
+        g.metrics_in_progress = True
+
+    @app.teardown_request
+    def _done(_exc: BaseException | None) -> None:
+        if g.pop("metrics_in_progress", False):  # whatever happened to the request
+            metrics.in_progress.dec()
 
     @app.after_request
     def _record(response: Response) -> Response:
         started = g.pop("metrics_started", None)
         endpoint, method = _endpoint(), request.method
         metrics.requests.labels(endpoint, method, str(response.status_code)).inc()
+        problem = g.pop("problem", None)
+        if problem is not None:
+            metrics.problems.labels(*problem_labels(problem)).inc()
         if started is not None:
             metrics.latency.labels(endpoint, method).observe(time.perf_counter() - started)
         return response

@@ -364,6 +364,14 @@ class Settings(BaseSettings):
         levels = ("debug", "info", "warning", "error", "critical")
         return value.upper() if value.lower() in levels else value.lower()
 
+    # -- metrics (docs/OPERATIONS.md)
+    exporter_timeout_s: float = Field(
+        2.0,
+        gt=0,
+        description="`genqueue exporter`: how long one scrape waits for each source (broker, database); "
+        "a source past it is reported down (`genqueue_exporter_up 0`), not waited for.",
+    )
+
     @property
     def is_sqlite(self) -> bool:
         return self.database_url.startswith("sqlite")

@@ -32,6 +32,7 @@ GROUPS: tuple[tuple[str, str], ...] = (
     ("Tenancy, rate limits and admission control ([API.md](API.md))", "ratelimit_url"),
     ("The production stack (`bin/start`)", "stop_timeout_s"),
     ("Logs ([OPERATIONS.md](OPERATIONS.md))", "log_format"),
+    ("Metrics ([OPERATIONS.md](OPERATIONS.md))", "exporter_timeout_s"),
 )
 
 

@@ -1,6 +1,8 @@
 """Gunicorn settings for the web process (`gunicorn -c ops/gunicorn.conf.py 'app:create_app()'`)."""
 import multiprocessing
 import os
+import shutil
+import tempfile
 
 
 def _log_config():
@@ -49,10 +51,54 @@ os.environ.setdefault("GENQUEUE_DB_POOL_SIZE", "10")
 os.environ.setdefault("GENQUEUE_MAX_WAITERS", "64")
 
 
+# Metrics across worker processes (app/metrics.py, docs/OPERATIONS.md): prometheus-client keeps
+# each process's values in files under PROMETHEUS_MULTIPROC_DIR and /metrics sums them, so a
+# scrape sees every worker, dead ones' counts included. The master sets the directory up before
+# any worker forks (the library reads the variable when a worker first imports it); the
+# workers never import prometheus_client before that, the app loads after the fork.
+_METRICS_DIR_PREFIX = "genqueue-web-metrics-"  # the private directory, removed when the master exits
+
+
+def _own_metrics_dir(path: str) -> bool:
+    # Told by its name, not remembered: a SIGHUP re-reads this file, module state included.
+    name = os.path.basename(path)
+    return os.path.dirname(path) == tempfile.gettempdir() and name.startswith(_METRICS_DIR_PREFIX)
+
+
+def _setup_metrics_dir() -> None:
+    given = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    # A private one, nothing another server left there can be counted; also when the variable
+    # names the private directory of the master that started this one (a USR2 re-exec): the old
+    # master's workers still write there, and it removes the directory when it exits.
+    if not given or _own_metrics_dir(given):
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = tempfile.mkdtemp(prefix=_METRICS_DIR_PREFIX)
+        return
+    # Given by the operator: emptied, since values of an earlier run would add to this one's.
+    os.makedirs(given, mode=0o700, exist_ok=True)
+    for name in os.listdir(given):
+        if name.endswith(".db"):
+            os.unlink(os.path.join(given, name))
+
+
 def on_starting(server):  # gunicorn's hook signature
-    """Raise the open-files limit to its hard maximum: every held connection is a descriptor."""
+    """Raise the open-files limit (every held connection is a descriptor); set up the metrics dir."""
     import resource
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and soft < hard:
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    _setup_metrics_dir()
+
+
+def child_exit(server, worker):
+    """A worker ended (recycled, killed, crashed): drop its live-gauge files. Its counter and
+    histogram files stay, so what it counted is still in every scrape."""
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)
+
+
+def on_exit(server):
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR", "")
+    if path and _own_metrics_dir(path):
+        shutil.rmtree(path, ignore_errors=True)

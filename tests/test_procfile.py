@@ -64,6 +64,7 @@ def stack_env(settings, sessions, broker) -> dict[str, str]:
         "TEXT_WORKER_METRICS_PORT": str(free_port()),
         "VIDEO_WORKER_METRICS_PORT": str(free_port()),
         "DEFAULT_WORKER_METRICS_PORT": str(free_port()),
+        "EXPORTER_PORT": str(free_port()),
     }
 
 
@@ -131,6 +132,14 @@ def test_the_readme_command_runs_a_video_job_and_stops_gracefully(stack_env, ses
         video_metrics = f"http://127.0.0.1:{stack_env['VIDEO_WORKER_METRICS_PORT']}/metrics"
         scrape = httpx.get(video_metrics, timeout=10).text
         assert 'genqueue_stage_duration_seconds_count{stage="video"} 1.0' in scrape, scrape
+
+        exporter = httpx.get(f"http://127.0.0.1:{stack_env['EXPORTER_PORT']}/metrics", timeout=10).text
+        assert 'genqueue_exporter_up{source="broker"} 1.0' in exporter
+        assert 'genqueue_exporter_up{source="database"} 1.0' in exporter
+        assert 'genqueue_queue_depth{priority="normal",queue="video"} 0.0' in exporter  # drained
+        assert 'genqueue_jobs{modality="video",status="queued"} 0.0' in exporter
+        web_metrics = httpx.get(f"{web}/metrics", timeout=10).text
+        assert 'genqueue_jobs_submitted_total{modality="video"} 1.0' in web_metrics
 
         # Graceful stop: SIGTERM while a job is in its video stage and its submit is held open
         # (Prefer: wait): the worker finishes the task and web answers the held request.
