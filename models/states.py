@@ -13,7 +13,7 @@ from datetime import datetime
 from functools import cache
 from typing import Any
 
-from sqlalchemy import ColumnElement, Update, and_, bindparam, delete, inspect, update
+from sqlalchemy import ColumnElement, Update, and_, bindparam, delete, func, inspect, true, update
 from sqlalchemy.orm import Session
 
 from models import outbox
@@ -184,6 +184,19 @@ def resume_stage(
     return _transition_row(session, job_id, where, values, None)
 
 
+def charge_attempt(session: Session, job_id: uuid.UUID, stage: Stage, gpu_s: float, model: str) -> None:
+    """Add one stage attempt's GPU seconds to the job and name the model it ran on.
+
+    Unconditional: an attempt that generated used the GPU whatever became of the job since
+    (retried, failed, canceled, overtaken). The worker calls it once per attempt that reached
+    generation; a redelivery that finds the stage done never gets there, and costs nothing.
+    """
+    column = Job.text_gpu_s if stage == Stage.TEXT else Job.video_gpu_s
+    model_column = "text_model" if stage == Stage.TEXT else "video_model"
+    values = {column.key: func.coalesce(column, 0.0) + round(gpu_s, 6), model_column: model}
+    session.execute(_update(job_id, true(), values))
+
+
 def complete_text(
     session: Session,
     job_id: uuid.UUID,
@@ -193,13 +206,17 @@ def complete_text(
     final: bool,
     progress: int,
     deadline_at: datetime | None = None,
+    tokens: int | None = None,
 ) -> bool:
     """running(text) -> running(video), or -> succeeded when the job wants text only.
 
     `deadline_at`: going on to video, when the wait for a video worker is overdue (same UPDATE).
+    `tokens`: how many the model generated (usage).
     """
     now = utcnow()
-    values: dict[str, Any] = {"output_text": text, "text_s": seconds, "text_completed_at": now}
+    values: dict[str, Any] = {
+        "output_text": text, "text_s": seconds, "text_completed_at": now, "tokens_generated": tokens,
+    }  # fmt: skip
     where = and_(Job.status == JobStatus.RUNNING, Job.stage == Stage.TEXT)
     if final:
         values |= {"status": JobStatus.SUCCEEDED, "progress": 100, "completed_at": now}
@@ -240,8 +257,14 @@ def set_progress(
 
 
 def complete_video(
-    session: Session, job_id: uuid.UUID, artifact_path: str, artifact_bytes: int, seconds: float
+    session: Session,
+    job_id: uuid.UUID,
+    artifact_path: str,
+    artifact_bytes: int,
+    seconds: float,
+    frames: int | None = None,
 ) -> bool:
+    """running(video) -> succeeded; `frames`: how many the model rendered (usage)."""
     job = _transition_row(
         session,
         job_id,
@@ -253,6 +276,7 @@ def complete_video(
             "artifact_path": artifact_path,
             "artifact_bytes": artifact_bytes,
             "video_s": seconds,
+            "frames_rendered": frames,
         },
         "job.succeeded",
         from_status=JobStatus.RUNNING,
