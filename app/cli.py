@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from app.keys_cli import keys, tenants
+from app.usage_cli import usage
 from models.settings import Settings
 
 DEFAULT_DATA_DIR = Path("var/embedded")
@@ -230,6 +231,7 @@ def flower(flower_args: tuple[str, ...]) -> None:
 
 main.add_command(keys)
 main.add_command(tenants)
+main.add_command(usage)
 
 if __name__ == "__main__":
     main()
