@@ -56,7 +56,8 @@ class Meter:
     """The GPU seconds of one stage attempt: its share of every generate() call it rode in.
 
     A call of n requests that took t seconds charges t/n to each, whether it returned or raised,
-    so a batch's time is counted once across its callers. Waiting for a batch costs nothing.
+    so a batch's time is counted once across its callers. Waiting for a batch costs nothing; a
+    caller that stops waiting while its call runs (cancel, deadline) is charged its share so far.
     """
 
     seconds: float = 0.0
@@ -75,6 +76,25 @@ class Item:
     error: BaseException | None = None
     abandoned: bool = False  # the caller stopped waiting (deadline or cancel)
     gpu_s: float = 0.0  # this request's share of the calls it ran in (Meter)
+    running_since: float | None = None  # its current call's start, and how many share it
+    sharing: int = 1
+    metered: bool = False  # its caller has read gpu_s: later shares are not its attempt's
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def charge(self, share: float) -> None:
+        with self.lock:
+            if not self.metered:
+                self.gpu_s += share
+            self.running_since = None
+
+    def read_meter(self) -> float:
+        """Its GPU seconds, once: a call still running counts up to now."""
+        with self.lock:
+            self.metered = True
+            seconds = self.gpu_s
+            if self.running_since is not None:
+                seconds += (time.monotonic() - self.running_since) / self.sharing
+            return seconds
 
     def gone(self) -> bool:
         return self.abandoned or time.monotonic() >= self.deadline
@@ -126,14 +146,13 @@ class MicroBatcher:
     ) -> Any:
         """Block until this request's result is ready; raises its own error, Canceled or a timeout.
 
-        `meter` gets this request's GPU share, however it ends (a caller that stops waiting is
-        charged what its batch had cost by then)."""
+        `meter` gets this request's GPU share, however it ends (Meter)."""
         item = Item(request, deadline, on_progress)
         try:
             return self._wait(item, should_cancel, expected)
         finally:
             if meter is not None:
-                meter.seconds += item.gpu_s
+                meter.seconds += item.read_meter()
 
     def _wait(self, item: Item, should_cancel: CancelCheck | None, expected: bool) -> Any:
         with self._cond:
@@ -205,6 +224,9 @@ class MicroBatcher:
     def _run(self, batch: list[Item]) -> None:
         self.sizes[len(batch)] += 1
         started = time.monotonic()
+        for item in batch:
+            with item.lock:
+                item.running_since, item.sharing = started, len(batch)
         try:
             results = self._run_batch(batch)
         except Exception as exc:
@@ -229,7 +251,7 @@ class MicroBatcher:
 def _charge(batch: list[Item], started: float) -> None:
     share = (time.monotonic() - started) / len(batch)
     for item in batch:
-        item.gpu_s += share
+        item.charge(share)
 
 
 # -- per-process batchers for the pipeline stages ------------------------------------------------

@@ -27,7 +27,7 @@ from models.tenant import DEFAULT_TENANT_ID, DEFAULT_TENANT_NAME
 from tasks.batching import Meter, MicroBatcher
 from tasks.contract.publish import publish_job
 from tests.support.api import wait_finished
-from tests.support.jobs import broker_idle, events
+from tests.support.jobs import broker_idle, events, wait_until
 from tests.support.procs import wait_for
 from tests.support.workers import thread_workers
 
@@ -285,3 +285,45 @@ def test_a_batched_call_charges_each_request_its_share() -> None:
     assert batcher.sizes[2] == 1  # one shared call
     assert meters[0].seconds == pytest.approx(meters[1].seconds)
     assert 0.4 <= meters[0].seconds + meters[1].seconds < 0.6
+
+
+def test_a_caller_that_stops_waiting_is_charged_its_share_so_far() -> None:
+    """A deadline (or a cancel) ends the caller's wait while its call runs: it is charged up to then."""
+    from celery.exceptions import SoftTimeLimitExceeded
+
+    release = threading.Event()
+
+    def run(batch: list[Any]) -> list[Any]:
+        release.wait(5)
+        return [item.request for item in batch]
+
+    batcher = MicroBatcher("meter-leave", run, max_size=1, max_wait_s=0)
+    meter = Meter()
+    with pytest.raises(SoftTimeLimitExceeded):
+        batcher.submit("x", deadline=time.monotonic() + 0.3, meter=meter)
+    charged = meter.seconds
+    release.set()
+    assert 0.2 <= charged < 0.6
+    time.sleep(0.1)  # the call has ended meanwhile: its end is not charged twice
+    assert meter.seconds == charged
+
+
+def test_an_attempt_canceled_mid_run_is_charged(client, settings, sessions, broker, monkeypatch) -> None:
+    monkeypatch.setenv("GENQUEUE_ECHO_STEP_SECONDS", "0.1")
+    params = VIDEO | {"steps": 100}
+    body = {"prompt": f"a long shot {uuid.uuid4().hex}", "modality": "video", "params": params}
+    start = datetime.now(UTC)
+    with thread_workers(settings):
+        jid = client.post("/v1/jobs", json=body).get_json()["id"]
+        # Progress runs from 20 to 95 over the 100 steps: 24 is at least 5 steps (0.5 s) in.
+        wait_until(sessions, uuid.UUID(jid), lambda j: j.stage == "video" and j.progress >= 24, 60)
+        assert client.post(f"/v1/jobs/{jid}/cancel").status_code == 200
+        row = wait_until(sessions, uuid.UUID(jid), lambda j: j.video_gpu_s is not None, 30, "the charge")
+    assert row.status == "canceled" and row.frames_rendered is None
+    assert 0.4 <= row.video_gpu_s <= (row.updated_at - row.started_at).total_seconds()
+    end = datetime.now(UTC) + timedelta(minutes=1)
+    window = {"from": _iso(start - timedelta(minutes=1)), "to": _iso(end)}
+    total = _usage(client, **window)["total"]
+    assert total["jobs"] == _jobs(1, canceled=1) and total["frames"] == 0
+    assert total["gpu_s"]["video"] == pytest.approx(row.video_gpu_s, abs=1e-5)
+    assert total["gpu_s"]["text"] == pytest.approx(row.text_gpu_s, abs=1e-5)
