@@ -87,8 +87,8 @@ class Job(Base):
     source_job_id: Mapped[uuid.UUID | None] = mapped_column(
         Uuid, ForeignKey("jobs.id", ondelete="SET NULL"), index=True
     )
-    # Usage (models.usage): what computing the job cost, written by the worker (states.charge_attempt
-    # per attempt, complete_* on success). GPU seconds add up over every attempt of a stage, retried
+    # Usage (models.usage): what computing the job cost, written by the worker (a states.Charge
+    # per attempt, in complete_* on success). GPU seconds add up over every attempt of a stage, retried
     # or failed ones included; a cached job or a follower computes nothing and keeps them null.
     text_gpu_s: Mapped[float | None] = mapped_column(Float)
     video_gpu_s: Mapped[float | None] = mapped_column(Float)

@@ -93,7 +93,6 @@ def _text_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID) -> None:
         failures.handle(self, rt, job, Stage.TEXT, exc)
     final = is_final(job.modality, Stage.TEXT)
     with transaction(rt.sessions) as s:
-        states.charge_attempt(s, jid, Stage.TEXT, meter.seconds, model)  # with its outcome: once
         states.complete_text(
             s,
             jid,
@@ -104,6 +103,7 @@ def _text_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID) -> None:
             # Now waiting for a video worker.
             deadline_at=None if final else deadline_in(rt.settings.queued_timeout_s),
             tokens=result.tokens,
+            charge=states.Charge(meter.seconds, model),  # in the same UPDATE: once, with the outcome
         )
 
 
@@ -112,7 +112,7 @@ def _charge(rt: Runtime, jid: uuid.UUID, stage: Stage, meter: Meter, model: str)
     degrade, fail, cancel): it used the GPU whatever happens next. A successful attempt is
     charged in the transaction that records its result instead."""
     with transaction(rt.sessions) as s:
-        states.charge_attempt(s, jid, stage, meter.seconds, model)
+        states.charge_attempt(s, jid, stage, states.Charge(meter.seconds, model))
 
 
 @shared_task(bind=True, name=names.GENERATE_VIDEO)
@@ -140,8 +140,9 @@ def _video_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID) -> None:
         _charge(rt, jid, Stage.VIDEO, meter, model)
         failures.handle(self, rt, job, Stage.VIDEO, exc, video_request=request)
     with transaction(rt.sessions) as s:
-        states.charge_attempt(s, jid, Stage.VIDEO, meter.seconds, model)
-        done = states.complete_video(s, jid, relpath, size, seconds, frames=int(result.frames.shape[0]))
+        charge = states.Charge(meter.seconds, model)
+        frames = int(result.frames.shape[0])
+        done = states.complete_video(s, jid, relpath, size, seconds, frames=frames, charge=charge)
     outcome.settle(rt, jid, Outcome.COMPLETED if done else Outcome.OVERTAKEN)
 
 
