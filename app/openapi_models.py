@@ -91,6 +91,9 @@ class Ready(_Doc):
     checks: dict[str, dict[str, Any]]
 
 
+_TIME: dict[str, Any] = {"format": "date-time"}
+
+
 class UsageJobs(_Doc):
     total: int
     queued: int
@@ -129,8 +132,8 @@ class Usage(_Doc):
     """The calling tenant's usage (models.usage.usage_resource)."""
 
     object: Literal["usage"]
-    from_: str = Field(alias="from", description="Start of the window (inclusive), UTC.")
-    to: str = Field(description="End of the window (exclusive), UTC.")
+    from_: str = Field(alias="from", description="Start of the window (inclusive).", json_schema_extra=_TIME)
+    to: str = Field(description="End of the window (exclusive), UTC.", json_schema_extra=_TIME)
     group_by: Literal["day", "model", "modality"] | None
     total: UsageTotals
     groups: list[UsageGroup] = Field(description="Key ascending; empty without group_by.")
