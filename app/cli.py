@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from app.keys_cli import keys, tenants
+from app.usage_cli import usage
 from models import logs
 from models.settings import Settings
 
@@ -260,6 +261,7 @@ def flower(flower_args: tuple[str, ...]) -> None:
 
 main.add_command(keys)
 main.add_command(tenants)
+main.add_command(usage)
 
 if __name__ == "__main__":
     main()

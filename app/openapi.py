@@ -9,18 +9,21 @@ from flask import Blueprint, Response, current_app, jsonify
 from pydantic import TypeAdapter
 
 from app import openapi_rules, webhooks_openapi
-from app.openapi_models import Health, Job, JobList, Problem, Ready
+from app.openapi_models import Health, Job, JobList, Problem, Ready, Usage
 from app.openapi_parts import REF, json_answer, op, param, problems, ref
 from app.schemas import job_create_adapter
 from app.services import extension
 
 bp = Blueprint("openapi", __name__)
+RESPONSES = (Job, JobList, Problem, Health, Ready, Usage)
+
+
 def _schemas() -> dict[str, Any]:
     """Every named schema, with pydantic's $defs hoisted into components."""
     out: dict[str, Any] = {}
     named: list[tuple[str, Any, Literal["validation", "serialization"]]] = [
         ("JobCreate", job_create_adapter, "validation"),
-        *[(m.__name__, TypeAdapter(m), "serialization") for m in (Job, JobList, Problem, Health, Ready)],
+        *[(m.__name__, TypeAdapter(m), "serialization") for m in RESPONSES],
         *[(m.__name__, TypeAdapter(m), "validation") for m in webhooks_openapi.REQUESTS],
         *[(m.__name__, TypeAdapter(m), "serialization") for m in webhooks_openapi.MODELS],
     ]
@@ -140,6 +143,14 @@ def _paths() -> dict[str, Any]:
                 job_id,
                 variant,
                 param("Range", "header", text),
+            )
+        },
+        "/v1/usage": {
+            "get": op(
+                "getUsage",
+                "The calling tenant's usage: jobs by outcome, GPU seconds, tokens, frames, cache hits",
+                {"200": json_answer("Usage", "Usage of the jobs submitted in the window"), **problems(422)},
+                *openapi_rules.usage_params(),
             )
         },
         "/v1/health": {

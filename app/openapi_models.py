@@ -89,3 +89,51 @@ class Health(_Doc):
 class Ready(_Doc):
     status: Literal["ready"]
     checks: dict[str, dict[str, Any]]
+
+
+_TIME: dict[str, Any] = {"format": "date-time"}
+
+
+class UsageJobs(_Doc):
+    total: int
+    queued: int
+    running: int
+    succeeded: int
+    failed: int
+    canceled: int
+
+
+class UsageGpu(_Doc):
+    text: float = Field(description="GPU seconds of the text stage: every attempt's share, retries included.")
+    video: float = Field(description="GPU seconds of the video stage, likewise.")
+    total: float
+
+
+class UsageGroup(_Doc):
+    key: str = Field(description="`YYYY-MM-DD` (UTC), the modality, or `<stage>:<model>` (`-`: none ran).")
+    stage: Literal["text", "video"] | None = Field(None, description="group_by=model only.")
+    model: str | None = Field(None, description="group_by=model only; null: no model ran that stage.")
+    jobs: UsageJobs
+    gpu_s: UsageGpu
+    tokens: int
+    frames: int
+    cache_hits: int = Field(description="Jobs answered by an identical one: cached copies and followers.")
+
+
+class UsageTotals(_Doc):
+    jobs: UsageJobs = Field(description="Jobs submitted in the window, by their status now.")
+    gpu_s: UsageGpu
+    tokens: int = Field(description="Tokens the text model generated.")
+    frames: int = Field(description="Frames the video model rendered.")
+    cache_hits: int = Field(description="Jobs answered by an identical one: cached copies and followers.")
+
+
+class Usage(_Doc):
+    """The calling tenant's usage (models.usage.usage_resource)."""
+
+    object: Literal["usage"]
+    from_: str = Field(alias="from", description="Start of the window (inclusive).", json_schema_extra=_TIME)
+    to: str = Field(description="End of the window (exclusive), UTC.", json_schema_extra=_TIME)
+    group_by: Literal["day", "model", "modality"] | None
+    total: UsageTotals
+    groups: list[UsageGroup] = Field(description="Key ascending; empty without group_by.")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.schemas import ListQuery
+from app.schemas import ListQuery, UsageQuery
 
 # Regexes are written with \\u escapes: ECMA-262 (the document's dialect) and Python's re read them
 # alike. Lone surrogates (Cs, which the validators also refuse or remove) are left out of them: they
@@ -53,6 +53,18 @@ def query_params() -> list[dict[str, Any]]:
         if name == "cursor":
             schema |= CURSOR
         doc = prop.get("description", "")
+        out.append({"name": name, "in": "query", "required": False, "schema": schema, "description": doc})
+    return out
+
+
+def usage_params() -> list[dict[str, Any]]:
+    """GET /v1/usage's query parameters from UsageQuery (each a plain string schema, as above)."""
+    out: list[dict[str, Any]] = []
+    for name, prop in UsageQuery.model_json_schema(by_alias=True)["properties"].items():
+        schema = next(alt for alt in prop["anyOf"] if alt.get("type") != "null")
+        doc = prop.get("description", "")
+        if name in ("from", "to"):
+            doc += " At most 366 days apart; `from` before `to` (else a 422 naming `to`)."
         out.append({"name": name, "in": "query", "required": False, "schema": schema, "description": doc})
     return out
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import secrets
 import unicodedata
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StringConstraints,
@@ -27,6 +29,7 @@ from pydantic_core import PydanticCustomError
 from app.body import StorableStr
 from app.webhook_schemas import WebhookSubscription
 from models.settings import Settings
+from models.usage import parse_time
 
 SEED_MAX = 2**32 - 1
 DEFAULT_TEMPERATURE = 0.0  # greedy, as TextRequest defaults
@@ -177,3 +180,33 @@ class ListQuery(Strict):
         json_schema_extra={"pattern": f"^{_STATUS}(,{_STATUS})*$"},
     )
     cursor: str | None = Field(None, description="`next_cursor` of the previous page.")
+
+
+def _iso_datetime(value: Any) -> datetime:
+    """ISO 8601 (RFC 3339's lower-case `t`/`z` too); a number is not a time here."""
+    if not isinstance(value, str):
+        raise PydanticCustomError("datetime", "must be an ISO 8601 date-time")
+    try:
+        return parse_time(value)
+    except ValueError:
+        raise PydanticCustomError(
+            "datetime", "must be an ISO 8601 date-time, e.g. 2026-12-01T00:00:00Z"
+        ) from None
+
+
+IsoDateTime = Annotated[datetime, BeforeValidator(_iso_datetime)]
+
+
+class UsageQuery(Strict):
+    """Query string of GET /v1/usage (the window's rules: models.usage.window)."""
+
+    model_config = ConfigDict(extra="forbid", strict=False, populate_by_name=False)
+    start: IsoDateTime | None = Field(
+        None, alias="from", description="Start of the window (inclusive), ISO 8601. Default: `to` - 30 days."
+    )
+    end: IsoDateTime | None = Field(
+        None, alias="to", description="End of the window (exclusive), ISO 8601. Default: now."
+    )
+    group_by: Literal["day", "model", "modality"] | None = Field(
+        None, description="Break the totals down by UTC day of submission, model, or modality."
+    )

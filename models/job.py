@@ -87,6 +87,15 @@ class Job(Base):
     source_job_id: Mapped[uuid.UUID | None] = mapped_column(
         Uuid, ForeignKey("jobs.id", ondelete="SET NULL"), index=True
     )
+    # Usage (models.usage): what computing the job cost, written by the worker (a states.Charge
+    # per attempt, in complete_* on success). GPU seconds add up over every attempt of a stage, retried
+    # or failed ones included; a cached job or a follower computes nothing and keeps them null.
+    text_gpu_s: Mapped[float | None] = mapped_column(Float)
+    video_gpu_s: Mapped[float | None] = mapped_column(Float)
+    text_model: Mapped[str | None] = mapped_column(String(255))  # the model the stage last ran on
+    video_model: Mapped[str | None] = mapped_column(String(255))
+    tokens_generated: Mapped[int | None] = mapped_column(Integer)  # the text stage's output tokens
+    frames_rendered: Mapped[int | None] = mapped_column(Integer)  # the video stage's output frames
 
     __table_args__ = (
         # Listing is newest first with an id tie-break; status filter uses the same order.

@@ -21,7 +21,8 @@ def job_resource(job: Job, base_url: str = "", queue_position: int | None = None
     ready = job.status == JobStatus.SUCCEEDED
     content = f"{base_url}/v1/jobs/{job.id}/content"
     has_video = ready and job.modality == Modality.VIDEO and job.artifact_path
-    gpu = [s for s in (job.text_s, job.video_s) if s is not None]
+    # The usage definition (models.usage): every attempt's GPU share, not the last attempt's wall time.
+    gpu = [s for s in (job.text_gpu_s, job.video_gpu_s) if s is not None]
     return {
         "id": str(job.id),
         "object": "job",

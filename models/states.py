@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
 from typing import Any
 
-from sqlalchemy import ColumnElement, Update, and_, bindparam, delete, inspect, update
+from sqlalchemy import ColumnElement, Update, and_, bindparam, delete, func, inspect, true, update
 from sqlalchemy.orm import Session
 
 from models import outbox
@@ -200,6 +201,38 @@ def resume_stage(
     return _transition_row(session, job_id, where, values, None)
 
 
+@dataclass(frozen=True)
+class Charge:
+    """What one stage attempt cost: its GPU seconds (tasks.batching.Meter) and the model it ran on."""
+
+    gpu_s: float
+    model: str
+
+
+def _charge_values(stage: Stage, charge: Charge) -> dict[str, Any]:
+    column = Job.text_gpu_s if stage == Stage.TEXT else Job.video_gpu_s
+    model_column = "text_model" if stage == Stage.TEXT else "video_model"
+    return {column.key: func.coalesce(column, 0.0) + round(charge.gpu_s, 6), model_column: charge.model}
+
+
+def charge_attempt(session: Session, job_id: uuid.UUID, stage: Stage, charge: Charge) -> None:
+    """Add one stage attempt's GPU seconds to the job and name the model it ran on.
+
+    Unconditional: an attempt that generated used the GPU whatever became of the job since
+    (retried, failed, canceled, overtaken). The worker charges once per attempt that reached
+    generation (here, or in the completion's own UPDATE); a redelivery that finds the stage done
+    never gets there, and costs nothing.
+    """
+    session.execute(_update(job_id, true(), _charge_values(stage, charge)))
+
+
+def _charged(session: Session, job_id: uuid.UUID, stage: Stage, charge: Charge | None, done: bool) -> bool:
+    """After a completion that carried `charge` in its UPDATE: charge anyway if it did not happen."""
+    if charge is not None and not done:
+        charge_attempt(session, job_id, stage, charge)
+    return done
+
+
 def complete_text(
     session: Session,
     job_id: uuid.UUID,
@@ -209,13 +242,21 @@ def complete_text(
     final: bool,
     progress: int,
     deadline_at: datetime | None = None,
+    tokens: int | None = None,
+    charge: Charge | None = None,
 ) -> bool:
     """running(text) -> running(video), or -> succeeded when the job wants text only.
 
     `deadline_at`: going on to video, when the wait for a video worker is overdue (same UPDATE).
+    `tokens`: how many the model generated; `charge`: the attempt's cost, recorded in the same
+    UPDATE (or by charge_attempt when the transition does not happen): usage.
     """
     now = utcnow()
-    values: dict[str, Any] = {"output_text": text, "text_s": seconds, "text_completed_at": now}
+    values: dict[str, Any] = {
+        "output_text": text, "text_s": seconds, "text_completed_at": now, "tokens_generated": tokens,
+    }  # fmt: skip
+    if charge is not None:
+        values |= _charge_values(Stage.TEXT, charge)
     where = and_(Job.status == JobStatus.RUNNING, Job.stage == Stage.TEXT)
     if final:
         values |= {"status": JobStatus.SUCCEEDED, "progress": 100, "completed_at": now}
@@ -228,11 +269,12 @@ def complete_text(
             from_status=JobStatus.RUNNING,
             then=("job.succeeded",),
         )
-        return _settle(session, job)
+        return _charged(session, job_id, Stage.TEXT, charge, _settle(session, job))
     values |= {"stage": Stage.VIDEO, "progress": progress, "attempts": 0}
     if deadline_at is not None:
         values["deadline_at"] = deadline_at
-    return _transition(session, job_id, where, values, "job.text.completed", from_status=JobStatus.RUNNING)
+    done = _transition(session, job_id, where, values, "job.text.completed", from_status=JobStatus.RUNNING)
+    return _charged(session, job_id, Stage.TEXT, charge, done)
 
 
 def set_progress(
@@ -256,24 +298,36 @@ def set_progress(
 
 
 def complete_video(
-    session: Session, job_id: uuid.UUID, artifact_path: str, artifact_bytes: int, seconds: float
+    session: Session,
+    job_id: uuid.UUID,
+    artifact_path: str,
+    artifact_bytes: int,
+    seconds: float,
+    frames: int | None = None,
+    charge: Charge | None = None,
 ) -> bool:
+    """running(video) -> succeeded; `frames`: how many the model rendered, `charge`: the attempt's
+    cost, as complete_text's (usage)."""
+    values: dict[str, Any] = {
+        "status": JobStatus.SUCCEEDED,
+        "progress": 100,
+        "completed_at": utcnow(),
+        "artifact_path": artifact_path,
+        "artifact_bytes": artifact_bytes,
+        "video_s": seconds,
+        "frames_rendered": frames,
+    }
+    if charge is not None:
+        values |= _charge_values(Stage.VIDEO, charge)
     job = _transition_row(
         session,
         job_id,
         and_(Job.status == JobStatus.RUNNING, Job.stage == Stage.VIDEO),
-        {
-            "status": JobStatus.SUCCEEDED,
-            "progress": 100,
-            "completed_at": utcnow(),
-            "artifact_path": artifact_path,
-            "artifact_bytes": artifact_bytes,
-            "video_s": seconds,
-        },
+        values,
         "job.succeeded",
         from_status=JobStatus.RUNNING,
     )
-    return _settle(session, job)
+    return _charged(session, job_id, Stage.VIDEO, charge, _settle(session, job))
 
 
 def fail(session: Session, job_id: uuid.UUID, code: str, message: str, stage: str | None) -> bool:

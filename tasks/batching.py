@@ -52,6 +52,18 @@ ProgressCallback = Callable[[int, int], None]
 CANCEL_POLL_S = 1.0  # how often a waiting caller checks its job for a cancel (GIL wake-ups cost the batch)
 
 
+@dataclass
+class Meter:
+    """The GPU seconds of one stage attempt: its share of every generate() call it rode in.
+
+    A call of n requests that took t seconds charges t/n to each, whether it returned or raised,
+    so a batch's time is counted once across its callers. Waiting for a batch costs nothing; a
+    caller that stops waiting while its call runs (cancel, deadline) is charged its share so far.
+    """
+
+    seconds: float = 0.0
+
+
 @dataclass(eq=False)
 class Item:
     """One caller's request while it waits in (or runs with) a batch."""
@@ -64,6 +76,26 @@ class Item:
     result: Any = None
     error: BaseException | None = None
     abandoned: bool = False  # the caller stopped waiting (deadline or cancel)
+    gpu_s: float = 0.0  # this request's share of the calls it ran in (Meter)
+    running_since: float | None = None  # its current call's start, and how many share it
+    sharing: int = 1
+    metered: bool = False  # its caller has read gpu_s: later shares are not its attempt's
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def charge(self, share: float) -> None:
+        with self.lock:
+            if not self.metered:
+                self.gpu_s += share
+            self.running_since = None
+
+    def read_meter(self) -> float:
+        """Its GPU seconds, once: a call still running counts up to now."""
+        with self.lock:
+            self.metered = True
+            seconds = self.gpu_s
+            if self.running_since is not None:
+                seconds += (time.monotonic() - self.running_since) / self.sharing
+            return seconds
 
     def gone(self) -> bool:
         return self.abandoned or time.monotonic() >= self.deadline
@@ -111,9 +143,19 @@ class MicroBatcher:
         should_cancel: CancelCheck | None = None,
         on_progress: ProgressCallback | None = None,
         expected: bool = False,
+        meter: Meter | None = None,
     ) -> Any:
-        """Block until this request's result is ready; raises its own error, Canceled or a timeout."""
+        """Block until this request's result is ready; raises its own error, Canceled or a timeout.
+
+        `meter` gets this request's GPU share, however it ends (Meter)."""
         item = Item(request, deadline, on_progress)
+        try:
+            return self._wait(item, should_cancel, expected)
+        finally:
+            if meter is not None:
+                meter.seconds += item.read_meter()
+
+    def _wait(self, item: Item, should_cancel: CancelCheck | None, expected: bool) -> Any:
         with self._cond:
             if expected:
                 self._coming = max(0, self._coming - 1)
@@ -182,9 +224,14 @@ class MicroBatcher:
 
     def _run(self, batch: list[Item]) -> None:
         self.sizes[len(batch)] += 1
+        started = time.monotonic()
+        for item in batch:
+            with item.lock:
+                item.running_since, item.sharing = started, len(batch)
         try:
             results = self._run_batch(batch)
         except Exception as exc:
+            _charge(batch, started)
             if len(batch) == 1 or isinstance(exc, Canceled) or all(i.gone() for i in batch):
                 for item in batch:
                     item.error = exc
@@ -197,8 +244,15 @@ class MicroBatcher:
                     self._run([item])
                 item.done.set()
             return
+        _charge(batch, started)
         for item, res in zip(batch, results, strict=True):
             item.result = res
+
+
+def _charge(batch: list[Item], started: float) -> None:
+    share = (time.monotonic() - started) / len(batch)
+    for item in batch:
+        item.charge(share)
 
 
 # -- per-process batchers for the pipeline stages ------------------------------------------------
@@ -292,17 +346,24 @@ def run_batched(
     should_cancel: CancelCheck | None = None,
     on_progress: ProgressCallback | None = None,
     model: str | None = None,
+    meter: Meter | None = None,
 ) -> Any:
     """The stage's one result, computed in a batch with whatever else this worker is running.
 
-    `model` overrides the configured model (a degraded retry's fallback gets its own batcher).
+    `model` overrides the configured model (a degraded retry's fallback gets its own batcher);
+    `meter` gets the GPU seconds this request used (Meter), also when it raises.
     """
     spec = _spec(settings, stage, model)
     if threading.current_thread() is threading.main_thread():
         # A prefork child or the solo pool runs one task per process: nobody to batch with, and
         # the soft time limit (a signal to this thread) must interrupt generate() itself.
         gen = get_generator(spec.stage, spec.model, spec.dtype)
-        [result] = _generate(gen, [request], [on_progress], should_cancel)
+        started = time.monotonic()
+        try:
+            [result] = _generate(gen, [request], [on_progress], should_cancel)
+        finally:
+            if meter is not None:
+                meter.seconds += time.monotonic() - started
         return result
     batcher = batcher_for(stage, settings, model)
     started = getattr(_local, "started", None) or time.monotonic()
@@ -314,6 +375,7 @@ def run_batched(
         should_cancel=should_cancel,
         on_progress=on_progress,
         expected=expected,
+        meter=meter,
     )
 
 

@@ -19,7 +19,7 @@ from models.db import transaction
 from models.recovery import deadline_in, entry_deadline
 from models.settings import Settings
 from tasks import artifacts, compensation, degrade, failures, metrics, outcome
-from tasks.batching import run_batched
+from tasks.batching import Meter, run_batched
 from tasks.contract import names
 from tasks.contract.stages import ENTRY_STAGE, is_final
 from tasks.generators.base import TextRequest, VideoRequest, VideoResult
@@ -82,12 +82,16 @@ def _text_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID) -> None:
         seed=p.get("seed"),
     )
     watch = JobWatch(rt, jid, Stage.TEXT)
+    meter, model = Meter(), rt.settings.text_model
     try:
         started = time.monotonic()
-        result = run_batched(self, rt.settings, Stage.TEXT, request, should_cancel=watch.canceled)
+        result = run_batched(
+            self, rt.settings, Stage.TEXT, request, should_cancel=watch.canceled, meter=meter
+        )
         if result.error is not None:
             raise result.error
     except Exception as exc:
+        _charge(rt, jid, Stage.TEXT, meter, model)
         failures.handle(self, rt, job, Stage.TEXT, exc)
     final, seconds = is_final(job.modality, Stage.TEXT), round(time.monotonic() - started, 3)
     with transaction(rt.sessions) as s:
@@ -100,9 +104,19 @@ def _text_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID) -> None:
             progress=TEXT_DONE_PROGRESS,
             # Now waiting for a video worker.
             deadline_at=None if final else deadline_in(rt.settings.queued_timeout_s),
+            tokens=result.tokens,
+            charge=states.Charge(meter.seconds, model),  # in the same UPDATE: once, with the outcome
         )
     if done:
         metrics.metrics().stage_duration.labels(Stage.TEXT).observe(seconds)
+
+
+def _charge(rt: Runtime, jid: uuid.UUID, stage: Stage, meter: Meter, model: str) -> None:
+    """Record the GPU time of an attempt that raised, before its failure is handled (retry,
+    degrade, fail, cancel): it used the GPU whatever happens next. A successful attempt is
+    charged in the transaction that records its result instead."""
+    with transaction(rt.sessions) as s:
+        states.charge_attempt(s, jid, stage, states.Charge(meter.seconds, model))
 
 
 @shared_task(bind=True, name=names.GENERATE_VIDEO)
@@ -121,13 +135,18 @@ def _video_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID) -> None:
         outcome.settle(rt, jid, Outcome.SKIPPED)
         return
     request = _video_request(job, rt.settings)
+    run_request, model = degrade.apply(job, request, rt.settings)
+    meter = Meter()
     try:
-        result, seconds = _render(self, rt, job, request)
+        result, seconds = _render(self, rt, job, run_request, model, meter)
         relpath, size = artifacts.write_video(rt.artifact_dir, jid, result.frames, result.fps)
     except Exception as exc:
+        _charge(rt, jid, Stage.VIDEO, meter, model)
         failures.handle(self, rt, job, Stage.VIDEO, exc, video_request=request)
     with transaction(rt.sessions) as s:
-        done = states.complete_video(s, jid, relpath, size, seconds)
+        charge = states.Charge(meter.seconds, model)
+        frames = int(result.frames.shape[0])
+        done = states.complete_video(s, jid, relpath, size, seconds, frames=frames, charge=charge)
     if done:
         metrics.metrics().stage_duration.labels(Stage.VIDEO).observe(seconds)
     outcome.settle(rt, jid, Outcome.COMPLETED if done else Outcome.OVERTAKEN)
@@ -148,15 +167,15 @@ def _video_request(job: Job, s_: Settings) -> VideoRequest:
 
 
 def _render(
-    self: Task[[str], None], rt: Runtime, job: Job, request: VideoRequest
+    self: Task[[str], None], rt: Runtime, job: Job, run_request: VideoRequest, model: str, meter: Meter
 ) -> tuple[VideoResult, float]:
-    """The frames (degraded if an earlier attempt recorded a plan) and the seconds they took."""
-    run_request, model = degrade.apply(job, request, rt.settings)
+    """The frames (of the degraded request if an earlier attempt recorded a plan) and the seconds
+    they took; `meter` gets the GPU share."""
     watch = JobWatch(rt, job.id, Stage.VIDEO, progress_from=TEXT_DONE_PROGRESS, progress_to=95)
     started = time.monotonic()
     result: VideoResult = run_batched(
         self, rt.settings, Stage.VIDEO, run_request,
-        should_cancel=watch.canceled, on_progress=watch.on_step, model=model,
+        should_cancel=watch.canceled, on_progress=watch.on_step, model=model, meter=meter,
     )  # fmt: skip
     if result.error is not None:
         raise result.error

@@ -74,7 +74,7 @@ WITH_INPUTS = [
     ("POST", "/v1/jobs/{job_id}/cancel"), ("GET", "/v1/jobs/{job_id}/content"),
     ("GET", "/v1/jobs/{job_id}/webhook-deliveries"),
     ("POST", "/v1/webhook-deliveries/{delivery_id}/redeliver"),
-    ("POST", "/v1/webhooks"), ("DELETE", "/v1/webhooks/{endpoint_id}"),
+    ("POST", "/v1/webhooks"), ("DELETE", "/v1/webhooks/{endpoint_id}"), ("GET", "/v1/usage"),
 ]  # fmt: skip
 WITHOUT_INPUTS = [
     ("GET", "/v1/health"), ("GET", "/v1/ready"), ("GET", "/docs"), ("GET", "/metrics"),
@@ -145,7 +145,9 @@ def test_stateful(api_schema) -> None:
 # - integer params are written without a fraction (strict models), which JSON Schema cannot say:
 #   a schema-valid 256.0 is sent as 256;
 # - an Idempotency-Key reused with another body is a 422 (the IETF draft's answer): a schema-valid
-#   key is tied to the body, so a repeat is a real replay and never a misuse.
+#   key is tied to the body, so a repeat is a real replay and never a misuse;
+# - a usage window's `from` must come before `to`, at most 366 days apart (and with `to` alone,
+#   30 days before it must exist): schema-valid bounds become such a window, derived from them.
 
 HOOK_DOMAIN = "hooks.test"  # .test is reserved (RFC 6761): it never resolves for real
 PUBLIC_LOOKING = "93.184.215.14"  # global unicast (IANA); never connected to here
@@ -231,6 +233,23 @@ def _real_cursor(value: str) -> str:
     return jobs._encode_cursor(job)  # type: ignore[arg-type]
 
 
+def _real_window(query: MutableMapping) -> None:
+    """Schema-valid `from`/`to` made into a window the API accepts (one day from a time in 2026)."""
+    given = [query.get(k) for k in ("from", "to") if k in query]
+    if not given or not all(isinstance(v, str) and DATE_TIME.fullmatch(v) for v in given):
+        return
+    digest = hashlib.sha256(repr(given).encode()).digest()
+    start = datetime(2026, 1, 1, tzinfo=UTC) + timedelta(seconds=int.from_bytes(digest[:3]))
+    if "from" in query:
+        query["from"] = start.isoformat()
+    if "to" in query:
+        query["to"] = (start + timedelta(days=1)).isoformat()
+
+
+# RFC 3339 date-time, as `format: date-time` generates it.
+DATE_TIME = re.compile(r"\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(?:\.\d+)?(?:[Zz]|[+-]\d{2}:\d{2})", re.ASCII)
+
+
 def before_call(context, case, kwargs) -> None:
     """A schemathesis hook: keep schema-valid values valid where the document cannot say how.
     Each rewrite leaves an invalid value alone, so negative cases stay negative."""
@@ -245,6 +264,8 @@ def before_call(context, case, kwargs) -> None:
         cursor = case.query.get("cursor")
         if isinstance(cursor, str) and re.fullmatch(openapi_rules.CURSOR["pattern"], cursor):
             case.query["cursor"] = _real_cursor(cursor)
+    if case.method.upper() == "GET" and case.path == "/v1/usage" and isinstance(case.query, MutableMapping):
+        _real_window(case.query)
     if case.method.upper() == "POST" and case.path == "/v1/jobs" and isinstance(case.headers, MutableMapping):
         key = case.headers.get(idempotency.HEADER)
         if isinstance(key, str) and 1 <= len(key) <= 255 and re.fullmatch(r"[ -~]+", key):
@@ -304,10 +325,10 @@ def test_cli_checks_all(
     result = CliRunner().invoke(schemathesis.cli.schemathesis, args, catch_exceptions=False)
     summary = result.output[result.output.find("=== SUMMARY") :]
     assert result.exit_code == 0, result.output[-20000:]
-    assert "16 selected / 16 total" in result.output and "Tested: 16" in summary, summary
+    assert "17 selected / 17 total" in result.output and "Tested: 17" in summary, summary
     # The success paths were reached, webhook registration included (through the test resolver).
     reached = [
         ("POST /v1/webhooks", 201), ("DELETE /v1/webhooks/{endpoint_id}", 204), ("POST /v1/jobs", 202),
-        ("GET /v1/jobs", 200), ("GET /v1/jobs/{job_id}", 200),
+        ("GET /v1/jobs", 200), ("GET /v1/jobs/{job_id}", 200), ("GET /v1/usage", 200),
     ]  # fmt: skip
     assert all(answers[r] for r in reached), answers

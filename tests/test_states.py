@@ -117,3 +117,21 @@ def test_stage_entry_sets_the_deadline_in_its_update_only_within_max_attempts(se
     with sessions() as s:
         assert s.get(Job, jid).deadline_at == later
     assert _events(sessions, jid) == ["job.started", "job.text.completed"]
+
+
+def test_an_attempt_is_charged_once_whether_or_not_its_completion_happens(sessions) -> None:
+    jid = _job(sessions)
+    with transaction(sessions) as s:
+        states.start_text(s, jid)
+        assert states.complete_text(
+            s, jid, "shot", 0.1, final=False, progress=20, tokens=3, charge=states.Charge(0.25, "m")
+        )
+        states.charge_attempt(s, jid, Stage.VIDEO, states.Charge(0.5, "v"))  # a retried attempt
+        assert states.cancel(s, jid)
+        # Overtaken by the cancel: the transition does not happen, the GPU time still counts.
+        done = states.complete_video(s, jid, "x", 1, 0.1, frames=5, charge=states.Charge(0.75, "v2"))
+        assert not done
+    with sessions() as s:
+        job = s.get(Job, jid)
+        assert (job.text_gpu_s, job.text_model, job.tokens_generated) == (0.25, "m", 3)
+        assert (job.video_gpu_s, job.video_model, job.frames_rendered) == (1.25, "v2", None)

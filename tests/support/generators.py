@@ -93,6 +93,17 @@ class FlakyText(EchoTextGenerator):
         return super().run_batch(requests, should_cancel)
 
 
+class CostlyFlakyText(FlakyText):
+    """FlakyText whose every call costs GENQUEUE_TEST_CALL_SECONDS (default 0.1) per request,
+    failed calls included, so each attempt's share of GPU time is at least that much."""
+
+    def run_batch(
+        self, requests: Sequence[TextRequest], should_cancel: CancelCheck | None = None
+    ) -> list[TextResult]:
+        time.sleep(float(os.environ.get("GENQUEUE_TEST_CALL_SECONDS") or 0.1) * len(requests))
+        return super().run_batch(requests, should_cancel)
+
+
 class SlowText(EchoTextGenerator):
     """Emits one word per GENQUEUE_TEST_TOKEN_SECONDS (default 0.2), checking for cancel at each."""
 
