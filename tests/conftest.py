@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -122,6 +123,20 @@ def celery_app(settings: Settings):
     from tasks.celery_app import create_celery
 
     return create_celery(settings)
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """A `genqueue` command run in-process (CliRunner) configures this process's logging (root at
+    WARNING, its own handler): put every logger's level and handlers back after each test, so
+    the next test's INFO lines still reach its log capture."""
+    loggers = [logging.getLogger(), *(logging.getLogger(n) for n in list(logging.root.manager.loggerDict))]
+    saved = [(lg, lg.level, lg.handlers[:], lg.propagate, lg.disabled) for lg in loggers]
+    yield
+    for lg, level, handlers, propagate, disabled in saved:
+        lg.setLevel(level)
+        lg.handlers[:] = handlers
+        lg.propagate, lg.disabled = propagate, disabled
 
 
 @pytest.fixture(autouse=True)

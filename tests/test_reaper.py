@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from datetime import timedelta
@@ -146,7 +147,7 @@ def test_the_reaper_is_scheduled_and_runs_as_a_task(settings, sessions, broker):
     conf = celery_config(settings)
     [entry] = [e for e in conf["beat_schedule"].values() if e["task"] == names.REAP_STUCK_JOBS]
     assert entry["schedule"] == settings.reaper_interval_s
-    assert "celery -A tasks.worker beat" in (ROOT / "Procfile").read_text()
+    assert re.search(r"^beat: celery -A tasks.worker .*beat", (ROOT / "Procfile").read_text(), re.M)
     jid = create_job(sessions)
 
     def requeued() -> float:
