@@ -193,7 +193,11 @@ def test_gunicorn_logs_json_and_keeps_concurrent_requests_apart(gunicorn, api_ke
         return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
     # Every line is one JSON object, gunicorn's own included ("Booting worker", the access log).
-    wait_for(lambda: sum(1 for x in parsed() if x["logger"] == "gunicorn.access") >= 22, 10, what="access")
+    def logged() -> bool:  # every request's access line, the anonymous GET's included
+        access = [x["message"] for x in parsed() if x["logger"] == "gunicorn.access"]
+        return sum("POST /v1/jobs" in m for m in access) >= 20 and any("GET /v1/jobs " in m for m in access)
+
+    wait_for(logged, 10, what="access")
     records = parsed()
     assert any(x["logger"] == "gunicorn.error" and "Booting worker" in x["message"] for x in records)
     accepted = [x for x in records if "job accepted" in x["message"]]
