@@ -32,6 +32,7 @@ from app.errors import (
     UnsupportedMediaType,
     ValidationFailed,
 )
+from app.metrics import hold_started
 from app.prompt_check import PromptCheck
 from app.published import PublishedMarks
 from app.queue import QueueCounts
@@ -219,9 +220,11 @@ def submit() -> Answer:
         queue.submitted(job.priority)
     log.info("job accepted: %s, %s%s", job.modality, job.priority, ", from the cache" if job.cached else "")
     wait = prefer_wait(request.headers.get("Prefer"), svc.settings.max_wait_s)
-    if wait and job.status not in TERMINAL and _waiters().wait(job.id, wait):
-        with svc.sessions() as s:
-            job = s.get(Job, job.id) or job
+    if wait and job.status not in TERMINAL:
+        hold_started()  # the latency histogram measures the submit, not the job
+        if _waiters().wait(job.id, wait):
+            with svc.sessions() as s:
+                job = s.get(Job, job.id) or job
     base = svc.settings.public_base_url.rstrip("/")
     position = queue.position_of_new(job) if job.status == JobStatus.QUEUED and not job.cached else None
     return _answer(job, job_resource(job, base, position))

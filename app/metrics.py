@@ -84,6 +84,12 @@ def problem_labels(err: ApiError) -> tuple[str, str, str]:
     return str(err.status), err.slug or "about:blank", reason
 
 
+def hold_started() -> None:
+    """A `Prefer: wait` submit starts holding: its latency stops here, so the histogram measures
+    the app's work, not how long the job ran (the hold shows in genqueue_http_requests_in_progress)."""
+    g.metrics_held_at = time.perf_counter()
+
+
 def init_app(app: Flask) -> None:
     metrics: Metrics = app.extensions["genqueue"].metrics
 
@@ -107,7 +113,8 @@ def init_app(app: Flask) -> None:
         if problem is not None:
             metrics.problems.labels(*problem_labels(problem)).inc()
         if started is not None:
-            metrics.latency.labels(endpoint, method).observe(time.perf_counter() - started)
+            ended = g.pop("metrics_held_at", None) or time.perf_counter()
+            metrics.latency.labels(endpoint, method).observe(ended - started)
         return response
 
     @app.get("/metrics")

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -48,6 +48,7 @@ class WorkerMetrics:
     model_load: Histogram
     cache_followers: Counter
     webhook_attempts: Counter
+    consuming: Gauge
 
 
 _lock = threading.Lock()  # the first calls race in a threads pool: build (and register) once
@@ -61,7 +62,7 @@ def metrics() -> WorkerMetrics:
 
 @functools.cache
 def _build() -> WorkerMetrics:
-    from prometheus_client import CollectorRegistry, Counter, Histogram
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
     r = CollectorRegistry(auto_describe=True)
     return WorkerMetrics(
@@ -150,6 +151,15 @@ def _build() -> WorkerMetrics:
             ["outcome"],
             registry=r,
         ),
+        # Set by the main process when its consumer starts: the series lives exactly as long as
+        # the worker's endpoint does, so "messages waiting and no series" means no consumer at all.
+        consuming=Gauge(
+            "genqueue_worker_consuming",
+            "1 for each queue this worker consumes from (set when its consumer starts, 0 at shutdown).",
+            ["queue"],
+            registry=r,
+            multiprocess_mode="livemax",
+        ),
     )
 
 
@@ -176,6 +186,7 @@ def _build_overdue(r: CollectorRegistry) -> Gauge:
 class GpuGauges:
     allocated: Gauge
     reserved: Gauge
+    total: Gauge
     utilization: Gauge
 
 
@@ -206,7 +217,14 @@ def _build_gpu(r: CollectorRegistry) -> GpuGauges:
             registry=r,
             multiprocess_mode="livesum",
         ),
-        # Device-wide (NVML): every process sees the same value.
+        # Device-wide: every process sees the same value.
+        total=Gauge(
+            "genqueue_gpu_memory_total_bytes",
+            "Total memory of the device (torch.cuda.get_device_properties), by device.",
+            ["device"],
+            registry=r,
+            multiprocess_mode="livemax",
+        ),
         utilization=Gauge(
             "genqueue_gpu_utilization_percent",
             "Percent of the last sample period the device was busy (NVML; needs nvidia-ml-py).",
@@ -248,6 +266,13 @@ def on_job_finished(session: Session, job: Job, followers: int) -> None:
             m.cache_followers.labels(status).inc(followers)
 
     event.listen(session, "after_commit", record, once=True)
+
+
+def consuming(queues: Iterable[str], value: float = 1.0) -> None:
+    """Mark the queues this worker's consumer reads from (1), or no longer reads from (0)."""
+    gauge = metrics().consuming
+    for queue in queues:
+        gauge.labels(queue).set(value)
 
 
 @contextmanager

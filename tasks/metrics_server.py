@@ -26,7 +26,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from celery.signals import worker_init, worker_process_init, worker_process_shutdown, worker_shutdown
+from celery.signals import (
+    worker_init,
+    worker_process_init,
+    worker_process_shutdown,
+    worker_ready,
+    worker_shutdown,
+)
 
 from models import states
 from models.settings import Settings
@@ -205,7 +211,24 @@ def _on_process_shutdown(pid: int | None = None, **_: Any) -> None:
         multiprocess.mark_process_dead(pid or os.getpid(), str(_endpoint.directory))
 
 
+def _consumed_queues(consumer: Any) -> list[str]:
+    task_consumer = getattr(consumer, "task_consumer", None)
+    return sorted({q.name for q in getattr(task_consumer, "queues", ())})
+
+
+def _on_worker_ready(sender: Any = None, **_: Any) -> None:
+    # Sent in the main process once the consumer reads its queues (sender: the Consumer). The
+    # alert on a queue nobody consumes pairs this with the exporter's depth (docs/OPERATIONS.md).
+    global _consumed
+    _consumed = _consumed_queues(sender)
+    metrics.consuming(_consumed)
+
+
+_consumed: list[str] = []
+
+
 def _on_worker_shutdown(**_: Any) -> None:
+    metrics.consuming(_consumed, 0.0)  # a worker draining its last tasks takes no new messages
     stop()
 
 
@@ -215,4 +238,5 @@ def connect() -> None:
     worker_init.connect(_on_worker_init, weak=False, dispatch_uid="genqueue-metrics-init")
     worker_process_init.connect(_on_process_init, weak=False, dispatch_uid="genqueue-metrics-child-init")
     worker_process_shutdown.connect(_on_process_shutdown, weak=False, dispatch_uid="genqueue-metrics-child")
+    worker_ready.connect(_on_worker_ready, weak=False, dispatch_uid="genqueue-metrics-consuming")
     worker_shutdown.connect(_on_worker_shutdown, weak=False, dispatch_uid="genqueue-metrics-stop")

@@ -12,6 +12,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -236,3 +237,16 @@ def test_a_reexecuted_master_makes_its_own_directory(monkeypatch, tmp_path):
     assert new != old and (old / "counter_1.db").exists()
     conf["on_exit"](None)
     assert not new.exists() and old.exists()
+
+
+def test_a_held_submit_is_timed_until_its_hold_starts(app, client) -> None:
+    """`Prefer: wait` holds a submit while its job runs (here: no worker, the whole 2 s): the latency
+    histogram measures the submit, so the submit-latency alert does not fire on held requests."""
+    registry = app.extensions["genqueue"].metrics.registry
+    labels = {"endpoint": "/v1/jobs", "method": "POST"}
+    started = time.perf_counter()
+    resp = client.post("/v1/jobs", json={"prompt": "a fox", "modality": "text"}, headers={"Prefer": "wait=2"})
+    took = time.perf_counter() - started
+    assert resp.status_code == 202 and took >= 2
+    assert registry.get_sample_value("genqueue_http_request_duration_seconds_count", labels) == 1
+    assert registry.get_sample_value("genqueue_http_request_duration_seconds_sum", labels) < took - 1.5

@@ -11,6 +11,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -104,7 +105,10 @@ def test_a_threads_worker_counts_its_stages_outcomes_retries_and_followers(
 
     gen = "tests.support.generators"
     port, _ = metrics_worker("text,video,default", "threads", 4, GENQUEUE_TEXT_MODEL=f"{gen}:FlakyText")
-    assert not any(name.startswith("genqueue_") for name, _ in scrape(port))  # nothing ran yet
+    # Nothing ran yet: only the queues its consumer reads (set once the consumer is ready).
+    queues = {key("genqueue_worker_consuming", queue=q): 1 for q in ("text", "video", "default")}
+    consuming = wait_metrics(port, queues)
+    assert {name for name, _ in consuming if name.startswith("genqueue_")} == {"genqueue_worker_consuming"}
 
     # Alone, so its failure is its own (in a batch, the batch-mates' rerun one by one would cover it).
     flaky = submit(sessions, celery_app, "text", "a [[flaky:1]] fox")
@@ -205,6 +209,7 @@ def test_the_gpu_gauges_exist_only_with_cuda_one_sample_per_device(monkeypatch) 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda i: 1000 + i)
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda i: 2000 + i)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=9000 + i))
     monkeypatch.setattr(gpu, "_nvml_missing", False)
 
     def no_nvml(_index: int) -> int:
@@ -217,6 +222,8 @@ def test_the_gpu_gauges_exist_only_with_cuda_one_sample_per_device(monkeypatch) 
         ("genqueue_gpu_memory_allocated_bytes", "1"): 1001,
         ("genqueue_gpu_memory_reserved_bytes", "0"): 2000,
         ("genqueue_gpu_memory_reserved_bytes", "1"): 2001,
+        ("genqueue_gpu_memory_total_bytes", "0"): 9000,
+        ("genqueue_gpu_memory_total_bytes", "1"): 9001,
     }
     monkeypatch.setattr(torch.cuda, "utilization", lambda i: 40 + i)
     monkeypatch.setattr(gpu, "_nvml_missing", False)

@@ -53,6 +53,7 @@ def sample() -> None:
         device = str(index)
         gauges.allocated.labels(device).set(torch.cuda.memory_allocated(index))
         gauges.reserved.labels(device).set(torch.cuda.memory_reserved(index))
+        gauges.total.labels(device).set(torch.cuda.get_device_properties(index).total_memory)
         _utilization(gauges, index, device)
 
 
