@@ -209,6 +209,8 @@ def submit() -> Answer:
     except Exception:
         gate.release(who, job_id)
         raise
+    if job.cached:
+        svc.metrics.cache_hits.labels(job.modality, "result" if job.status in TERMINAL else "follower").inc()
     if job.cached and job.status in TERMINAL:
         gate.release(who, job_id)  # answered from the cache: it holds no slot
     elif not job.cached:

@@ -64,6 +64,13 @@ class Metrics:
             ["modality"],
             registry=self.registry,
         )
+        self.cache_hits = Counter(
+            "genqueue_cache_hits",
+            "Submits answered by the result cache, by modality and kind: `result` (a finished "
+            "identical job's outputs, no work queued) or `follower` (attached to a running one).",
+            ["modality", "kind"],
+            registry=self.registry,
+        )
 
     def exposition(self) -> bytes:
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):

@@ -92,6 +92,9 @@ def test_identical_seeded_request_is_answered_from_the_finished_job(client, sett
     assert hit["timings"]["gpu_s"] is None  # no model ran for it
     assert sent == [] and broker_idle(broker)  # the queues never saw it
     assert client.get(f"/v1/jobs/{hit['id']}").get_json()["cached"] is True
+    scrape = client.get("/metrics").get_data(as_text=True)
+    assert 'genqueue_cache_hits_total{kind="result",modality="text"} 1.0' in scrape
+    assert 'kind="follower"' not in scrape
 
 
 def test_cache_false_unseeded_or_different_requests_compute(client, worker) -> None:
@@ -144,6 +147,8 @@ def test_identical_jobs_attach_to_the_running_one(client, later_worker, broker, 
         assert (f["status"], f["cached"], f["source_job_id"]) == ("queued", True, leader["id"])
         assert f["queue_position"] is None
     assert len(broker_messages(broker, "text")) == 1  # one computation queued, not four
+    scrape = client.get("/metrics").get_data(as_text=True)
+    assert 'genqueue_cache_hits_total{kind="follower",modality="video"} 3.0' in scrape
     later_worker()
     done = wait_finished(client, leader["id"])
     assert done["status"] == "succeeded" and done["cached"] is False
