@@ -16,7 +16,6 @@ from models.media_links import VARIANTS, MediaSigner
 from tasks.contract.names import THUMBNAIL_NAME
 
 bp = Blueprint("media", __name__, url_prefix="/v1")
-ENDPOINT = "media.media"
 
 
 class InvalidLink(Forbidden):
