@@ -20,7 +20,8 @@ from models.keys import Principal, authenticate, hash_key
 log = logging.getLogger("genqueue.api")
 
 # Open without a key: liveness, readiness. /openapi.json, /docs and /metrics are not under /v1.
-PUBLIC_ENDPOINTS = frozenset({"health.health", "health.ready"})
+# /v1/media carries its own proof (a signed, expiring link: app.media).
+PUBLIC_ENDPOINTS = frozenset({"health.health", "health.ready", "media.media"})
 
 _S = TypeVar("_S", bound="Select[*tuple[Any, ...]]")  # a select of any row shape
 EXTENSION = "genqueue.keycache"
@@ -59,8 +60,10 @@ class KeyCache:
 
 def _needs_key() -> bool:
     # request.endpoint is None when routing failed: the 404/405 answer reveals nothing.
+    # A CORS preflight (OPTIONS) never carries credentials: flask-cors answers it.
     return (
         request.endpoint is not None
+        and request.method != "OPTIONS"
         and request.path.startswith("/v1/")
         and request.endpoint not in PUBLIC_ENDPOINTS
     )
@@ -72,9 +75,7 @@ def _authenticate() -> None:
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
     token = token.strip()
     if scheme.lower() != "bearer" or not token:
-        raise Unauthorized(
-            "An API key is required: send 'Authorization: Bearer <key>'.", error=""
-        )
+        raise Unauthorized("An API key is required: send 'Authorization: Bearer <key>'.", error="")
     principal = current_app.extensions[EXTENSION].principal(token)
     if principal is None:
         # Never the key itself in logs or answers: the prefix at most, and only if well formed.

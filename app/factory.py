@@ -9,10 +9,25 @@ from typing import Any
 from celery import Celery
 from flask import Flask
 
-from app import admission, auth, errors, health, jobs, limits, metrics, openapi, request_id, usage, webhooks
+from app import (
+    admission,
+    auth,
+    errors,
+    headers,
+    health,
+    jobs,
+    limits,
+    media,
+    metrics,
+    openapi,
+    request_id,
+    usage,
+    webhooks,
+)
 from app.services import EXTENSION, Services
 from models import redaction
 from models.db import make_engine, make_session_factory
+from models.media_links import MediaSigner
 from models.settings import Settings
 from tasks.celery_app import create_celery  # publishing only: never tasks.pipeline or torch
 from tasks.contract.publish import wake_dispatch_on_commit
@@ -57,9 +72,11 @@ def create_app(
         # Absolute, so send_file does not resolve it against the package directory.
         artifact_dir=Path(settings.artifact_dir).absolute(),
         metrics=metrics.Metrics(),
+        media_signer=MediaSigner.from_settings(settings),
     )
 
     request_id.init_app(app)  # first: every other hook's lines and answers carry the id
+    headers.init_app(app, settings)
     errors.register_error_handler(app)
     metrics.init_app(app)
     # Auth before the limiter: it keys its counters by the authenticated key.
@@ -71,5 +88,6 @@ def create_app(
     app.register_blueprint(openapi.bp)
     app.register_blueprint(webhooks.bp)
     app.register_blueprint(usage.bp)
+    app.register_blueprint(media.bp)
     wake_dispatch_on_commit(app.extensions[EXTENSION].sessions, app.extensions[EXTENSION].celery)
     return app

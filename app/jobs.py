@@ -19,7 +19,7 @@ from sqlalchemy import Select, bindparam, select, tuple_
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app import idempotency
+from app import idempotency, media
 from app.admission import admission
 from app.auth import current_principal, owned, tenant_id
 from app.body import parse as parse_body
@@ -43,6 +43,7 @@ from models import Job, JobStatus, Stage, cache, logs, states
 from models.base import utcnow
 from models.db import autocommit, read_only, transaction
 from models.job import TERMINAL
+from models.media_links import VARIANTS
 from models.resource import job_resource
 from tasks.contract.names import THUMBNAIL_NAME, stage_task_id
 from tasks.contract.publish import publish_compensation, publish_job
@@ -51,7 +52,6 @@ from tasks.contract.transient import is_transient
 log = logging.getLogger("genqueue.api")
 bp = Blueprint("jobs", __name__, url_prefix="/v1")
 
-VARIANTS = ("video", "text", "thumbnail")
 Answer = tuple[Response, int, dict[str, str]]  # body, status, headers
 
 
@@ -116,9 +116,14 @@ def queue_positions(session: Session, jobs: list[Job]) -> dict[uuid.UUID, int]:
     return _queue().positions(session, jobs)
 
 
-def _resource(session: Session, job: Job) -> dict[str, Any]:
+def resource_of(job: Job, position: int | None) -> dict[str, Any]:
+    """The job resource as this API answers it: its links, signed ones included."""
     base = services().settings.public_base_url.rstrip("/")
-    return job_resource(job, base, queue_positions(session, [job]).get(job.id))
+    return job_resource(job, base, position, media.signer(), media.signed_base_url())
+
+
+def _resource(session: Session, job: Job) -> dict[str, Any]:
+    return resource_of(job, queue_positions(session, [job]).get(job.id))
 
 
 def _body(message: str) -> list[dict[str, str]]:
@@ -227,9 +232,8 @@ def submit() -> Answer:
         if _waiters().wait(job.id, wait):
             with svc.sessions() as s:
                 job = s.get(Job, job.id) or job
-    base = svc.settings.public_base_url.rstrip("/")
     position = queue.position_of_new(job) if job.status == JobStatus.QUEUED and not job.cached else None
-    return _answer(job, job_resource(job, base, position))
+    return _answer(job, resource_of(job, position))
 
 
 def _insert(s: Session, job: Job, cacheable: bool) -> None:
@@ -337,12 +341,11 @@ def list_jobs() -> Response:
         stmt = stmt.where(Job.status.in_(_statuses(query.status)))
     if query.cursor is not None:
         stmt = stmt.where(tuple_(Job.created_at, Job.id) < tuple_(*_decode_cursor(query.cursor)))
-    base = services().settings.public_base_url.rstrip("/")
     with services().sessions() as s:
         jobs = list(s.scalars(stmt))
         page, more = jobs[: query.limit], len(jobs) > query.limit
         positions = queue_positions(s, page)
-        data = [job_resource(j, base, positions.get(j.id)) for j in page]
+        data = [resource_of(j, positions.get(j.id)) for j in page]
     return jsonify({"data": data, "next_cursor": _encode_cursor(page[-1]) if more else None})
 
 

@@ -153,6 +153,7 @@ def _paths() -> dict[str, Any]:
                 *openapi_rules.usage_params(),
             )
         },
+        "/v1/media/{job_id}/{variant}": {"get": _media(job_id, variants, binary, unsatisfiable)},
         "/v1/health": {
             "get": op("health", "Liveness", {"200": json_answer("Health", "Alive")}, db=False, auth=False)
         },
@@ -185,6 +186,44 @@ def _paths() -> dict[str, Any]:
             )
         },
     }
+
+
+def _media(job_id: Any, variants: Any, binary: Any, unsatisfiable: Any) -> Any:
+    """A signed link (outputs.*_signed_url): no API key; HEAD and Range too; CORS when configured."""
+    text, integer = {"type": "string"}, {"type": "integer"}
+    cache = {
+        "ETag": {"schema": text},
+        "Cache-Control": {"schema": text, "description": "`public, max-age=<seconds until expires>`"},
+    }
+    forbidden = problems(403)
+    forbidden["403"]["description"] = "The signature does not match (altered link, retired key) or it expired"
+    gone = problems(404)
+    gone["404"]["description"] = "The job or its output no longer exists, or signed links are off"
+    found = {"description": "The bytes", "content": binary, "headers": cache}
+    partial = {
+        "description": "Partial content (Range)",
+        "content": binary,
+        "headers": {**cache, "Content-Range": {"schema": text}},
+    }
+    operation = op(
+        "getSignedMedia",
+        "Download a job's output through a signed, expiring link (no API key)",
+        {
+            "200": found,
+            "206": partial,
+            "304": {"description": "Not modified"},
+            **forbidden,
+            **gone,
+            **unsatisfiable,
+        },
+        job_id,
+        param("variant", "path", variants),
+        {**param("expires", "query", integer, "Unix time the link expires at."), "required": True},
+        {**param("sig", "query", text, "The link's signature."), "required": True},
+        param("Range", "header", text),
+        auth=False,
+    )
+    return operation
 
 
 def build_spec(base_url: str = "") -> dict[str, Any]:

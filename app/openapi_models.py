@@ -18,6 +18,15 @@ class JobOutputs(_Doc):
     text_url: str | None
     video_url: str | None
     thumbnail_url: str | None
+    text_signed_url: str | None = Field(
+        description="Absolute link to the text that needs no API key, valid until signed_urls_expire_at."
+    )
+    video_signed_url: str | None = Field(
+        description="Absolute link to the MP4 that needs no API key (a `<video src>`); Range, HEAD, "
+        "CORS; valid until signed_urls_expire_at. Null when the server has no signing key."
+    )
+    thumbnail_signed_url: str | None = Field(description="Absolute link to the JPEG thumbnail, no API key.")
+    signed_urls_expire_at: str | None = Field(description="When the signed links stop working (UTC).")
 
 
 class JobError(_Doc):

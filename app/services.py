@@ -11,6 +11,7 @@ from flask import current_app
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from models.media_links import MediaSigner
 from models.settings import Settings
 
 EXTENSION = "genqueue"
@@ -28,6 +29,7 @@ class Services:
     celery: Celery
     artifact_dir: Path
     metrics: Any  # app.metrics.Metrics
+    media_signer: MediaSigner | None = None  # None: no signed links (no keys configured)
 
 
 def services() -> Services:

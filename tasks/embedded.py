@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from celery import Celery
+from pydantic import SecretStr
 
 from models.db import make_engine, make_session_factory, transaction
 from models.keys import authenticate, create_key
@@ -33,7 +35,20 @@ def embedded_settings(data_dir: Path, **overrides: object) -> Settings:
         "ratelimit_url": "memory://",  # one process: flask-limiter's memory storage, no Redis
     }
     values.update({k: v for k, v in overrides.items() if v is not None})
-    return Settings(**values)
+    settings = Settings(**values)
+    if settings.media_url_keys is None:  # signed links work out of the box on a development box
+        settings.media_url_keys = SecretStr(_dev_media_key(data_dir))
+    return settings
+
+
+def _dev_media_key(data_dir: Path) -> str:
+    """A random signing key kept beside the database: links survive a restart of the process."""
+    path = data_dir / DEV_MEDIA_KEY_FILE
+    if not path.exists():
+        data_dir.mkdir(parents=True, exist_ok=True)
+        path.touch(mode=0o600)
+        path.write_text(secrets.token_urlsafe(32) + "\n")
+    return path.read_text().strip()
 
 
 @contextmanager
@@ -62,6 +77,7 @@ def embedded_worker(settings: Settings, concurrency: int = 2) -> Iterator[Celery
 
 
 DEV_KEY_FILE = "dev-api-key"
+DEV_MEDIA_KEY_FILE = "dev-media-url-key"
 
 
 def embedded_dev_key(settings: Settings) -> str:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -283,3 +285,16 @@ def test_unexpected_error_is_500_without_internals(app, caplog):
     assert "secret" not in text and "/etc" not in text and "Traceback" not in text
     assert problem["title"] == "Internal Server Error"
     assert "SELECT secret" in caplog.text  # logged for the operator
+
+
+def test_the_readmes_error_example_is_what_the_server_sends(client) -> None:
+    """README.md shows one problem+json answer: its type, title and shape must be the real ones."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = re.search(r"name each bad field:\s*```json\n(.*?)```", readme, re.S)
+    assert block, "README.md's problem+json example moved"
+    shown = json.loads(block.group(1).replace('"..."', '"x"'))
+    resp = client.post("/v1/jobs", json={"prompt": "p", "modality": "video", "params": {"width": 100}})
+    real = assert_problem(resp, shown["status"])
+    assert (real["type"], real["title"], real["detail"]) == (shown["type"], shown["title"], shown["detail"])
+    assert shown["errors"][0]["field"] in [e["field"] for e in real["errors"]]
+    assert set(shown) <= set(real)

@@ -23,6 +23,7 @@ import schemathesis
 import schemathesis.cli
 from click.testing import CliRunner
 from hypothesis import HealthCheck, Phase, given, settings
+from pydantic import SecretStr
 from schemathesis import GenerationMode
 from schemathesis.hooks import GLOBAL_HOOK_DISPATCHER
 from schemathesis.specs.openapi.checks import positive_data_acceptance
@@ -46,7 +47,9 @@ HYPOTHESIS = settings(
 @pytest.fixture
 def fuzz_app(settings, sessions, broker):
     # Limits high enough that the fuzzer explores inputs rather than the rate limiter.
-    flask_app = create_app(settings.model_copy(update={"plan_rate_limit": "100000/second"}))
+    # Signing keys and CORS on: the signed-link route checks forged links, not a switched-off feature.
+    overrides = {"plan_rate_limit": "100000/second", "media_url_keys": SecretStr("fuzz-media-key")}
+    flask_app = create_app(settings.model_copy(update=overrides | {"cors_origins": ["https://page.example"]}))
     yield flask_app
     flask_app.extensions["genqueue"].engine.dispose()
 
@@ -75,6 +78,7 @@ WITH_INPUTS = [
     ("GET", "/v1/jobs/{job_id}/webhook-deliveries"),
     ("POST", "/v1/webhook-deliveries/{delivery_id}/redeliver"),
     ("POST", "/v1/webhooks"), ("DELETE", "/v1/webhooks/{endpoint_id}"), ("GET", "/v1/usage"),
+    ("GET", "/v1/media/{job_id}/{variant}"),
 ]  # fmt: skip
 WITHOUT_INPUTS = [
     ("GET", "/v1/health"), ("GET", "/v1/ready"), ("GET", "/docs"), ("GET", "/metrics"),
@@ -273,7 +277,6 @@ def before_call(context, case, kwargs) -> None:
             case.headers[idempotency.HEADER] = f"{key[:190]}.{body}"
 
 
-
 @pytest.fixture
 def answers() -> Iterator[Counter[tuple[str, int]]]:
     """The hooks, registered while the test runs; yields the count of (operation, status) seen."""
@@ -295,7 +298,14 @@ def live_api(settings, sessions, broker):
     flask_app = create_app(
         # The fuzzer explores inputs, not the rate limiter; `Prefer: wait` would hold a request
         # (no worker runs) for up to max_wait_s.
-        settings.model_copy(update={"plan_rate_limit": "100000/second", "max_wait_s": 1})
+        settings.model_copy(
+            update={
+                "plan_rate_limit": "100000/second",
+                "max_wait_s": 1,
+                "media_url_keys": SecretStr("fuzz-media-key"),
+                "cors_origins": ["https://page.example"],
+            }
+        )
     )
     server = make_server("127.0.0.1", 0, flask_app, threaded=True)
     thread = threading.Thread(target=server.serve_forever, name="fuzz-api", daemon=True)
@@ -307,9 +317,7 @@ def live_api(settings, sessions, broker):
 
 
 @pytest.mark.slow
-def test_cli_checks_all(
-    live_api, api_key, public_test_hosts, answers, tmp_path, monkeypatch
-) -> None:
+def test_cli_checks_all(live_api, api_key, public_test_hosts, answers, tmp_path, monkeypatch) -> None:
     """`st run --checks all` over every operation and phase (examples, coverage, fuzzing,
     stateful) reports no failure: the document matches the API."""
     monkeypatch.chdir(tmp_path)  # the CLI's cache stays out of the tree
@@ -325,7 +333,7 @@ def test_cli_checks_all(
     result = CliRunner().invoke(schemathesis.cli.schemathesis, args, catch_exceptions=False)
     summary = result.output[result.output.find("=== SUMMARY") :]
     assert result.exit_code == 0, result.output[-20000:]
-    assert "17 selected / 17 total" in result.output and "Tested: 17" in summary, summary
+    assert "18 selected / 18 total" in result.output and "Tested: 18" in summary, summary
     # The success paths were reached, webhook registration included (through the test resolver).
     reached = [
         ("POST /v1/webhooks", 201), ("DELETE /v1/webhooks/{endpoint_id}", 204), ("POST /v1/jobs", 202),

@@ -11,7 +11,8 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,34 @@ def worker_env(settings: Settings, **extra: Any) -> dict[str, str]:
         env[f"GENQUEUE_{field.upper()}"] = str(getattr(settings, field))
     env |= {k: str(v) for k, v in extra.items()}
     return env
+
+
+@contextmanager
+def gunicorn_web(settings: Settings, log: Path, **env: Any) -> Iterator[str]:
+    """The production web server (ops/gunicorn.conf.py, one worker) on a free port; its base URL."""
+    import httpx
+
+    port = free_port()
+    penv = worker_env(settings, HOST="127.0.0.1", PORT=port, WEB_CONCURRENCY=1, GENQUEUE_LOG_FORMAT="text")
+    penv |= {k: str(v) for k, v in env.items()}
+    cmd = [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "ops/gunicorn.conf.py"), "app:create_app()"]
+    with log.open("wb") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=penv, stdout=out, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+
+    def up() -> bool:
+        assert proc.poll() is None, log.read_text()
+        try:
+            return httpx.get(f"{base}/v1/health", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    try:
+        wait_for(up, 60, what="gunicorn")
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(30)
 
 
 class Worker:

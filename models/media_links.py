@@ -1,0 +1,82 @@
+"""Signed, expiring links to a job's content: usable without an API key, e.g. as a `<video src>`."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Literal
+
+from itsdangerous import BadSignature, Signer
+
+from models.settings import Settings
+
+VARIANTS = ("video", "text", "thumbnail")
+Verdict = Literal["ok", "invalid", "expired"]
+_SALT = "genqueue.media-link"
+
+
+def media_path(job_id: uuid.UUID | str, variant: str) -> str:
+    """The path a signed link points at (its query carries `expires` and `sig`)."""
+    return f"/v1/media/{job_id}/{variant}"
+
+
+def _step(ttl_s: int) -> int:
+    # Links issued within one step share their expiry: the same URL (a CDN caches it once, a
+    # job's ETag stays put between polls) and still at least ttl_s - step seconds of validity.
+    return max(1, min(300, ttl_s // 10))
+
+
+@dataclass(frozen=True)
+class MediaSigner:
+    """HMAC-SHA256 (itsdangerous) over the path and the expiry. The first key signs; every key
+    verifies, so a new key is put first and the old one kept until its links have expired."""
+
+    keys: tuple[str, ...]
+    ttl_s: int
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> MediaSigner | None:
+        """None when no key is configured: jobs then carry no signed links."""
+        raw = settings.media_url_keys.get_secret_value() if settings.media_url_keys else ""
+        keys = tuple(k.strip() for k in raw.split(",") if k.strip())
+        return cls(keys, settings.media_url_ttl_s) if keys else None
+
+    def _signer(self) -> Signer:
+        # itsdangerous signs with the last key of the list and verifies with any.
+        return Signer(list(reversed(self.keys)), salt=_SALT, digest_method=hashlib.sha256)
+
+    def expires(self, now: float | None = None) -> int:
+        now = time.time() if now is None else now
+        step = _step(self.ttl_s)
+        return math.floor(now / step) * step + self.ttl_s
+
+    def _message(self, job_id: uuid.UUID | str, variant: str, expires: int) -> bytes:
+        return f"{media_path(job_id, variant)}\n{expires}".encode()
+
+    def query(self, job_id: uuid.UUID | str, variant: str, expires: int) -> str:
+        sig = self._signer().get_signature(self._message(job_id, variant, expires)).decode()
+        return f"expires={expires}&sig={sig}"
+
+    def url(self, base_url: str, job_id: uuid.UUID | str, variant: str, now: float | None = None) -> str:
+        """`<base_url>/v1/media/<id>/<variant>?expires=<unix s>&sig=<HMAC>`."""
+        expires = self.expires(now)
+        return f"{base_url.rstrip('/')}{media_path(job_id, variant)}?{self.query(job_id, variant, expires)}"
+
+    def verify(self, job_id: str, variant: str, expires: str, sig: str, now: float | None = None) -> Verdict:
+        """Whether a link's signature holds and it has not expired (a bad signature wins)."""
+        if not expires.isdigit() or len(expires) > 12 or not sig.isascii():
+            return "invalid"
+        try:
+            ok = self._signer().verify_signature(self._message(job_id, variant, int(expires)), sig.encode())
+        except BadSignature:  # malformed base64
+            return "invalid"
+        if not ok:
+            return "invalid"
+        return "ok" if int(expires) > (time.time() if now is None else now) else "expired"
+
+    def remaining_s(self, expires: str, now: float | None = None) -> int:
+        """Seconds until a verified link expires: the most a cache may keep its answer."""
+        return max(0, int(expires) - math.ceil(time.time() if now is None else now))
