@@ -9,7 +9,19 @@ from typing import Any
 from celery import Celery
 from flask import Flask
 
-from app import admission, auth, errors, health, jobs, limits, metrics, openapi, request_id, webhooks
+from app import (
+    admission,
+    api_docs,
+    auth,
+    errors,
+    health,
+    jobs,
+    limits,
+    metrics,
+    openapi,
+    request_id,
+    webhooks,
+)
 from app.services import EXTENSION, Services
 from models import redaction
 from models.db import make_engine, make_session_factory
@@ -69,6 +81,7 @@ def create_app(
     app.register_blueprint(jobs.bp)
     app.register_blueprint(health.bp)
     app.register_blueprint(openapi.bp)
+    app.register_blueprint(api_docs.bp)
     app.register_blueprint(webhooks.bp)
     wake_dispatch_on_commit(app.extensions[EXTENSION].sessions, app.extensions[EXTENSION].celery)
     return app

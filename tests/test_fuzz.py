@@ -74,7 +74,7 @@ WITH_INPUTS = [
     ("POST", "/v1/jobs/{job_id}/cancel"), ("GET", "/v1/jobs/{job_id}/content"),
     ("GET", "/v1/jobs/{job_id}/webhook-deliveries"),
     ("POST", "/v1/webhook-deliveries/{delivery_id}/redeliver"),
-    ("POST", "/v1/webhooks"), ("DELETE", "/v1/webhooks/{endpoint_id}"),
+    ("POST", "/v1/webhooks"), ("DELETE", "/v1/webhooks/{endpoint_id}"), ("GET", "/docs/assets/{name}"),
 ]  # fmt: skip
 WITHOUT_INPUTS = [
     ("GET", "/v1/health"), ("GET", "/v1/ready"), ("GET", "/docs"), ("GET", "/metrics"),
@@ -304,7 +304,7 @@ def test_cli_checks_all(
     result = CliRunner().invoke(schemathesis.cli.schemathesis, args, catch_exceptions=False)
     summary = result.output[result.output.find("=== SUMMARY") :]
     assert result.exit_code == 0, result.output[-20000:]
-    assert "16 selected / 16 total" in result.output and "Tested: 16" in summary, summary
+    assert "17 selected / 17 total" in result.output and "Tested: 17" in summary, summary
     # The success paths were reached, webhook registration included (through the test resolver).
     reached = [
         ("POST /v1/webhooks", 201), ("DELETE /v1/webhooks/{endpoint_id}", 204), ("POST /v1/jobs", 202),
