@@ -11,6 +11,7 @@ from flask import Flask
 
 from app import (
     admission,
+    api_docs,
     auth,
     errors,
     headers,
@@ -86,6 +87,7 @@ def create_app(
     app.register_blueprint(jobs.bp)
     app.register_blueprint(health.bp)
     app.register_blueprint(openapi.bp)
+    app.register_blueprint(api_docs.bp)
     app.register_blueprint(webhooks.bp)
     app.register_blueprint(usage.bp)
     app.register_blueprint(media.bp)

@@ -1,14 +1,14 @@
-"""GET /openapi.json (OpenAPI 3.1, schemas from the pydantic models) and GET /docs (plain HTML)."""
+"""GET /openapi.json (OpenAPI 3.1, schemas from the pydantic models) and GET /docs (Swagger UI over it)."""
 
 from __future__ import annotations
 
-import html
 from typing import Any, Literal
 
 from flask import Blueprint, Response, current_app, jsonify
 from pydantic import TypeAdapter
 
-from app import openapi_rules, webhooks_openapi
+from app import api_docs, openapi_rules, webhooks_openapi
+from app.openapi_examples import TAGS, add_examples, add_tags
 from app.openapi_models import Health, Job, JobList, Problem, Ready, Usage
 from app.openapi_parts import REF, json_answer, op, param, problems, ref
 from app.schemas import job_create_adapter
@@ -94,7 +94,7 @@ def _paths() -> dict[str, Any]:
             "GetJobContent": {"operationId": "getJobContent", **job_link},
         }
     submit["requestBody"] = {"required": True, "content": {"application/json": {"schema": ref("JobCreate")}}}
-    return webhooks_openapi.paths() | {
+    paths = webhooks_openapi.paths() | {
         "/v1/jobs": {
             "post": submit,
             "get": op(
@@ -170,8 +170,28 @@ def _paths() -> dict[str, Any]:
         "/docs": {
             "get": op(
                 "docs",
-                "API reference for humans",
+                "API reference for humans (this page)",
                 {"200": {"description": "HTML", "content": {"text/html": {}}}},
+                db=False,
+                auth=False,
+            )
+        },
+        "/docs/assets/{name}": {
+            "get": op(
+                "docsAsset",
+                "A stylesheet or script of /docs (cached for a year: the URL carries its version)",
+                {
+                    "200": {
+                        "description": "The file",
+                        "content": {"text/css": {}, "text/javascript": {}},
+                        "headers": {"Cache-Control": {"schema": text}, "ETag": {"schema": text}},
+                    },
+                    "304": {"description": "Not modified"},
+                    **problems(404),
+                },
+                param("name", "path", {"type": "string", "enum": list(api_docs.ASSETS)}),
+                param("v", "query", text, "The assets' version; any value serves the same file."),
+                param("If-None-Match", "header", text),
                 db=False,
                 auth=False,
             )
@@ -186,6 +206,9 @@ def _paths() -> dict[str, Any]:
             )
         },
     }
+    add_examples(paths)
+    add_tags(paths)
+    return paths
 
 
 def _media(job_id: Any, variants: Any, binary: Any, unsatisfiable: Any) -> Any:
@@ -237,6 +260,7 @@ def build_spec(base_url: str = "") -> dict[str, Any]:
                 "key. Errors are RFC 9457 application/problem+json."
             ),
         },
+        "tags": TAGS,
         "paths": _paths(),
         "components": {
             "schemas": _schemas(),
@@ -269,15 +293,6 @@ def openapi_json() -> Response:
 
 @bp.get("/docs")
 def docs() -> Response:
-    rows = "".join(
-        f"<tr><td><code>{html.escape(method.upper())}</code></td><td><code>{html.escape(path)}</code></td>"
-        f"<td>{html.escape(op.get('summary', ''))}</td></tr>"
-        for path, ops in _spec()["paths"].items()
-        for method, op in ops.items()
-    )
-    page = (
-        "<!doctype html><html lang=en><head><meta charset=utf-8><title>Genqueue API</title></head><body>"
-        "<h1>Genqueue API</h1><p>Machine-readable: <a href=openapi.json>/openapi.json</a> (OpenAPI 3.1).</p>"
-        f"<table><tr><th>Method</th><th>Path</th><th>Summary</th></tr>{rows}</table></body></html>"
-    )
-    return Response(page, mimetype="text/html")
+    resp = Response(api_docs.page(_spec()["paths"]), mimetype="text/html")
+    resp.headers["Content-Security-Policy"] = api_docs.csp(current_app.extensions["genqueue"].settings)
+    return resp

@@ -52,7 +52,10 @@ def spec_version(spec: str) -> str:
 def model_versions(settings: Settings, modality: str) -> str:
     """Everything about the models a job of this modality runs through that can change its output."""
     # The dtype setting too: bf16 and float32 weights give slightly different texts.
-    parts = [f"text={settings.text_model}@{spec_version(settings.text_model)}/{settings.text_dtype}"]
+    # And the decoding settings: a different repetition penalty gives a different text.
+    decoding = f"rp{settings.text_repetition_penalty}/nr{settings.text_no_repeat_ngram_size}"
+    text = f"{settings.text_model}@{spec_version(settings.text_model)}/{settings.text_dtype}/{decoding}"
+    parts = [f"text={text}"]
     kinds = ["text"]
     if modality == Modality.VIDEO:
         parts.append(f"video={settings.video_model}@{spec_version(settings.video_model)}")

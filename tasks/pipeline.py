@@ -80,6 +80,8 @@ def _text_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID) -> None:
         max_new_tokens=int(p.get("max_new_tokens", rt.settings.default_max_new_tokens)),
         temperature=float(p.get("temperature", 0.0)),
         seed=p.get("seed"),
+        repetition_penalty=rt.settings.text_repetition_penalty,
+        no_repeat_ngram_size=rt.settings.text_no_repeat_ngram_size,
     )
     watch = JobWatch(rt, jid, Stage.TEXT)
     meter, model = Meter(), rt.settings.text_model

@@ -79,6 +79,7 @@ WITH_INPUTS = [
     ("POST", "/v1/webhook-deliveries/{delivery_id}/redeliver"),
     ("POST", "/v1/webhooks"), ("DELETE", "/v1/webhooks/{endpoint_id}"), ("GET", "/v1/usage"),
     ("GET", "/v1/media/{job_id}/{variant}"),
+    ("GET", "/docs/assets/{name}"),
 ]  # fmt: skip
 WITHOUT_INPUTS = [
     ("GET", "/v1/health"), ("GET", "/v1/ready"), ("GET", "/docs"), ("GET", "/metrics"),
@@ -333,7 +334,7 @@ def test_cli_checks_all(live_api, api_key, public_test_hosts, answers, tmp_path,
     result = CliRunner().invoke(schemathesis.cli.schemathesis, args, catch_exceptions=False)
     summary = result.output[result.output.find("=== SUMMARY") :]
     assert result.exit_code == 0, result.output[-20000:]
-    assert "18 selected / 18 total" in result.output and "Tested: 18" in summary, summary
+    assert "19 selected / 19 total" in result.output and "Tested: 19" in summary, summary
     # The success paths were reached, webhook registration included (through the test resolver).
     reached = [
         ("POST /v1/webhooks", 201), ("DELETE /v1/webhooks/{endpoint_id}", 204), ("POST /v1/jobs", 202),

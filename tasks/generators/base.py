@@ -56,6 +56,10 @@ class TextRequest:
     max_new_tokens: int = 64
     temperature: float = 0.0  # 0 means greedy decoding
     seed: int | None = None
+    # Against the loops a small model falls into, greedy above all (Settings carries the same
+    # defaults as text_repetition_penalty / text_no_repeat_ngram_size); 1.0 and 0 turn them off.
+    repetition_penalty: float = 1.2
+    no_repeat_ngram_size: int = 4
 
 
 @dataclass(frozen=True)
@@ -163,6 +167,10 @@ class TextGenerator(Generator):
             raise InvalidRequest(f"max_new_tokens must be between 1 and {self.max_new_tokens_limit}")
         if not (request.temperature >= 0 and math.isfinite(request.temperature)):
             raise InvalidRequest("temperature must be a finite number >= 0")
+        if not (request.repetition_penalty >= 1 and math.isfinite(request.repetition_penalty)):
+            raise InvalidRequest("repetition_penalty must be a finite number >= 1")
+        if request.no_repeat_ngram_size < 0:
+            raise InvalidRequest("no_repeat_ngram_size must be >= 0")
 
     @abstractmethod
     def run_batch(

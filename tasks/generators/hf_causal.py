@@ -34,6 +34,7 @@ from tasks.generators.base import (
 )
 from tasks.generators.device import dir_version, map_oom, pick_device
 from tasks.generators.library_logs import quiet_model_libraries
+from tasks.generators.text_decoding import RepetitionGuard, end_at_sentence
 
 log = logging.getLogger(__name__)
 
@@ -185,9 +186,13 @@ class CausalLMGenerator(TextGenerator):
                 gens.append(torch.Generator(device=self.device).manual_seed(seed))
             else:
                 gens.append(None)
+        guard = RepetitionGuard(
+            prompt_len, [r.repetition_penalty for r, _ in rows], [r.no_repeat_ngram_size for r, _ in rows]
+        )
         cancel = CancelCriteria(should_cancel, self.cancel_check_interval_s)
-        # A fresh config so checkpoint defaults (sampling, penalties) never leak in; sampling is
-        # done by PerRowSampler inside greedy decoding, so temperature/seed stay per row.
+        # A fresh config so checkpoint defaults (sampling, penalties) never leak in; penalties and
+        # sampling are done by RepetitionGuard and PerRowSampler inside greedy decoding, so they
+        # stay per row (the guard first: a banned token must stay banned after the noise).
         config = GenerationConfig(
             max_new_tokens=max(budgets),
             do_sample=False,
@@ -200,7 +205,9 @@ class CausalLMGenerator(TextGenerator):
                 input_ids=input_ids,
                 attention_mask=attention_mask,
                 generation_config=config,
-                logits_processor=LogitsProcessorList([PerRowSampler([r.temperature for r, _ in rows], gens)]),
+                logits_processor=LogitsProcessorList(
+                    [guard, PerRowSampler([r.temperature for r, _ in rows], gens)]
+                ),
                 stopping_criteria=StoppingCriteriaList([RowBudget(prompt_len, budgets), cancel]),
             )
         if cancel.canceled:
@@ -211,6 +218,7 @@ class CausalLMGenerator(TextGenerator):
         for row, budget in zip(out[:, prompt_len:].tolist(), budgets, strict=True):
             row = row[:budget]
             cut = next((i for i, t in enumerate(row) if t in eos), len(row))
-            text = tok.decode(row[:cut], skip_special_tokens=True).strip()
+            # A row cut by its budget may stop mid-phrase: end it at its last whole sentence.
+            text = end_at_sentence(tok.decode(row[:cut], skip_special_tokens=True), cut < len(row))
             results.append(TextResult(text=text, tokens=cut, seconds=seconds))
         return results
