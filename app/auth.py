@@ -72,9 +72,7 @@ def _authenticate() -> None:
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
     token = token.strip()
     if scheme.lower() != "bearer" or not token:
-        raise Unauthorized(
-            "An API key is required: send 'Authorization: Bearer <key>'.", error=""
-        )
+        raise Unauthorized("An API key is required: send 'Authorization: Bearer <key>'.", error="")
     principal = current_app.extensions[EXTENSION].principal(token)
     if principal is None:
         # Never the key itself in logs or answers: the prefix at most, and only if well formed.

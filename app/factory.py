@@ -9,7 +9,7 @@ from typing import Any
 from celery import Celery
 from flask import Flask
 
-from app import admission, auth, errors, health, jobs, limits, metrics, openapi, request_id, webhooks
+from app import admission, auth, errors, events, health, jobs, limits, metrics, openapi, request_id, webhooks
 from app.services import EXTENSION, Services
 from models import redaction
 from models.db import make_engine, make_session_factory
@@ -67,6 +67,7 @@ def create_app(
     limits.init_app(app, settings)
     admission.init_app(app, settings, app.extensions[EXTENSION].sessions)
     app.register_blueprint(jobs.bp)
+    app.register_blueprint(events.bp)
     app.register_blueprint(health.bp)
     app.register_blueprint(openapi.bp)
     app.register_blueprint(webhooks.bp)

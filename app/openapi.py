@@ -15,6 +15,8 @@ from app.schemas import job_create_adapter
 from app.services import extension
 
 bp = Blueprint("openapi", __name__)
+
+
 def _schemas() -> dict[str, Any]:
     """Every named schema, with pydantic's $defs hoisted into components."""
     out: dict[str, Any] = {}

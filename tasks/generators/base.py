@@ -166,18 +166,32 @@ class TextGenerator(Generator):
 
     @abstractmethod
     def run_batch(
-        self, requests: Sequence[TextRequest], should_cancel: CancelCheck | None = None
+        self,
+        requests: Sequence[TextRequest],
+        should_cancel: CancelCheck | None = None,
+        on_step: StepCallback | None = None,
     ) -> list[TextResult]:
-        """One result per (already checked) request, in order; raises for whole-call failures."""
+        """One result per (already checked) request, in order; raises for whole-call failures.
+
+        on_step(index, tokens, budget) after generated tokens (index into `requests`), if the
+        adapter can tell; a batched call may report every row at each token.
+        """
 
     def generate(
-        self, requests: Sequence[TextRequest], should_cancel: CancelCheck | None = None
+        self,
+        requests: Sequence[TextRequest],
+        should_cancel: CancelCheck | None = None,
+        on_step: StepCallback | None = None,
     ) -> list[TextResult]:
-        """One result per request, in order; a refused request fails alone (its result's `error`)."""
+        """One result per request, in order; a refused request fails alone (its result's `error`).
+
+        on_step(index, tokens, budget) reports progress with `index` into `requests`.
+        """
         self._require_ready()
 
         def run(valid: list[int]) -> list[TextResult]:
-            return self.run_batch([requests[i] for i in valid], should_cancel)
+            step = None if on_step is None else (lambda i, s, t: on_step(valid[i], s, t))
+            return self.run_batch([requests[i] for i in valid], should_cancel, step)
 
         return collect(requests, self.check_inputs, _failed_text, run)
 
