@@ -31,11 +31,23 @@ _TICK_S = 1.0  # how soon an idle listener notices it has no stream left
 
 @dataclass(eq=False)
 class Subscription:
-    """A stream's registration: `wake` is set when its job has news."""
+    """A stream's registration: `wake` is set when its job has news.
+
+    `rows`: new stored events were announced (read them); `progress`: the highest ephemeral
+    progress announced since the stream last took it (a progress move needs no read at all).
+    """
 
     job_id: uuid.UUID
     tenant_id: uuid.UUID
     wake: threading.Event = field(default_factory=threading.Event)
+    rows: bool = True
+    progress: int = -1
+
+    def take(self) -> tuple[bool, int]:
+        """(rows announced, progress announced) since the last take; resets both."""
+        rows, progress = self.rows, self.progress
+        self.rows, self.progress = False, -1
+        return rows, progress
 
 
 class EventHub:
@@ -97,17 +109,28 @@ class EventHub:
         return self._count
 
     # -- notifications ---------------------------------------------------------------------------
-    def wait(self, sub: Subscription, timeout_s: float) -> None:
-        """Sleep until the job has news or `timeout_s` (at most poll_s while nobody listens)."""
-        sub.wake.wait(max(0.0, timeout_s if self.live else min(timeout_s, self.poll_s)))
+    def wait(self, sub: Subscription, timeout_s: float) -> tuple[bool, int]:
+        """Sleep until the job has news or `timeout_s` (at most poll_s while nobody listens);
+        then (read the rows?, announced progress or -1). Without a listener: always read."""
+        live = self.live
+        sub.wake.wait(max(0.0, timeout_s if live else min(timeout_s, self.poll_s)))
         sub.wake.clear()
+        with self._lock:
+            rows, progress = sub.take()
+        return rows or not live, progress
 
-    def _wake(self, job_id: uuid.UUID | None) -> None:
+    def _wake(self, job_id: uuid.UUID | None, progress: int | None = None) -> None:
+        """Wake `job_id`'s streams (None: every stream, to re-read) with what they were told."""
         with self._lock:
             if job_id is None:
                 targets = [s for subs in self._subs.values() for s in subs]
             else:
                 targets = list(self._subs.get(job_id, ()))
+            for sub in targets:
+                if progress is None:
+                    sub.rows = True
+                else:
+                    sub.progress = max(sub.progress, progress)
         for sub in targets:
             sub.wake.set()
 
@@ -133,7 +156,7 @@ class EventHub:
                         for note in conn.notifies(timeout=_TICK_S):
                             parsed = events.parse(note.payload)
                             if parsed is not None:
-                                self._wake(parsed[0])
+                                self._wake(*parsed)
             except psycopg.Error as exc:
                 self.live = False
                 log.warning("job events listener lost (%s); streams poll meanwhile", type(exc).__name__)

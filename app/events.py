@@ -49,9 +49,9 @@ def hub() -> EventHub:
 
 
 def _cursor(name: str, raw: str | None) -> int:
-    if raw is None or raw == "":
+    if raw is None:
         return 0
-    if not raw.isdigit() or len(raw) > 18:
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 18:
         raise ValidationFailed(errors=[{"field": name, "message": "must be a non-negative integer event id"}])
     return int(raw)
 
@@ -59,7 +59,7 @@ def _cursor(name: str, raw: str | None) -> int:
 def _limit(raw: str | None) -> int:
     if raw is None:
         return 100
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_PAGE:
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_PAGE or raw[0] == "0":
         message = f"must be an integer from 1 to {MAX_PAGE}"
         raise ValidationFailed(errors=[{"field": "limit", "message": message}])
     return int(raw)
@@ -128,21 +128,24 @@ def _frame(event: str, data: dict[str, Any], event_id: int | None = None) -> byt
     return f"{head}event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
 
-def _progress(job: Job) -> dict[str, Any]:
+def _progress(progress: int, stage: str | None) -> dict[str, Any]:
     """An ephemeral progress event: shaped like a stored one, without an id (not replayed)."""
     return {
         "id": None,
         "type": "job.progress",
         "from_status": None,
         "to_status": None,
-        "stage": job.stage,
-        "data": {"progress": job.progress},
+        "stage": stage,
+        "data": {"progress": progress},
         "created_at": utcnow().isoformat().replace("+00:00", "Z"),
     }
 
 
-def _read(sessions: sessionmaker[Session], jid: uuid.UUID, after: int) -> tuple[list[Any], Job | None]:
-    """New stored events (all of them, in pages) and the job's row, in one short-lived session."""
+def _read(
+    sessions: sessionmaker[Session], jid: uuid.UUID, after: int
+) -> tuple[list[Any], tuple[int, str | None] | None]:
+    """New stored events (all of them, in pages) and the job's (progress, stage), in one short
+    session; None for the job when it is gone."""
     with read_only(sessions) as s:
         rows: list[Any] = []
         while True:
@@ -150,38 +153,45 @@ def _read(sessions: sessionmaker[Session], jid: uuid.UUID, after: int) -> tuple[
             rows.extend(page)
             if len(page) < MAX_PAGE:
                 break
-        job = s.scalar(select(Job).where(Job.id == jid))
-        return rows, job
+        job = s.execute(select(Job.progress, Job.stage).where(Job.id == jid)).first()
+        return rows, (job[0], job[1]) if job is not None else None
 
 
 def _stream(
     sessions: sessionmaker[Session], settings: Settings, hub: EventHub, sub: Subscription, after: int
 ) -> Iterator[bytes]:
-    """The SSE body; its `finally` (the client left, or the end) frees the stream's slot too."""
+    """The SSE body; its `finally` (the client left, or the end) frees the stream's slot too.
+
+    A wake that announced only a progress move sends it without reading anything; one that
+    announced stored events (or any wake while polling) reads the rows after the last sent.
+    """
     try:
         yield f"retry: {RETRY_MS}\n\n".encode()
-        last, progress = after, -1
+        last, progress, stage = after, -1, None
         started = sent = time.monotonic()
+        read, announced = True, -1
         while True:
-            rows, job = _read(sessions, sub.job_id, last)  # the only time a connection is held
-            for row in rows:
-                last, sent = row.id, time.monotonic()
-                yield _frame(row.type, events.public(row), row.id)
-                if row.type == "job.progress":
-                    progress = max(progress, int((row.data or {}).get("progress", 0)))
-                if row.type in events.TERMINAL_EVENTS:
-                    return
-            if job is None:
-                return  # withdrawn: a submit that was never accepted
-            if job.progress > progress:
-                progress, sent = job.progress, time.monotonic()
-                yield _frame("job.progress", _progress(job))
+            if read:
+                rows, job = _read(sessions, sub.job_id, last)  # the only time a connection is held
+                for row in rows:
+                    last, sent = row.id, time.monotonic()
+                    yield _frame(row.type, events.public(row), row.id)
+                    if row.type == "job.progress":
+                        progress = max(progress, int((row.data or {}).get("progress", 0)))
+                    if row.type in events.TERMINAL_EVENTS:
+                        return
+                if job is None:
+                    return  # withdrawn: a submit that was never accepted
+                announced, stage = max(announced, job[0]), job[1]
+            if announced > progress:
+                progress, sent = announced, time.monotonic()
+                yield _frame("job.progress", _progress(progress, stage))
             now = time.monotonic()
             if now - started >= settings.stream_max_duration_s:
                 return
             if now - sent >= settings.stream_heartbeat_s:
                 sent = now
                 yield b": heartbeat\n\n"
-            hub.wait(sub, settings.stream_heartbeat_s - (now - sent))
+            read, announced = hub.wait(sub, settings.stream_heartbeat_s - (now - sent))
     finally:
         hub.unsubscribe(sub)

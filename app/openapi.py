@@ -8,7 +8,7 @@ from typing import Any, Literal
 from flask import Blueprint, Response, current_app, jsonify
 from pydantic import TypeAdapter
 
-from app import openapi_rules, webhooks_openapi
+from app import events_openapi, openapi_rules, webhooks_openapi
 from app.openapi_models import Health, Job, JobList, Problem, Ready
 from app.openapi_parts import REF, json_answer, op, param, problems, ref
 from app.schemas import job_create_adapter
@@ -25,6 +25,7 @@ def _schemas() -> dict[str, Any]:
         *[(m.__name__, TypeAdapter(m), "serialization") for m in (Job, JobList, Problem, Health, Ready)],
         *[(m.__name__, TypeAdapter(m), "validation") for m in webhooks_openapi.REQUESTS],
         *[(m.__name__, TypeAdapter(m), "serialization") for m in webhooks_openapi.MODELS],
+        *[(m.__name__, TypeAdapter(m), "serialization") for m in events_openapi.MODELS],
     ]
     for name, adapter, mode in named:
         schema = adapter.json_schema(ref_template=REF, mode=mode)
@@ -91,91 +92,99 @@ def _paths() -> dict[str, Any]:
             "GetJob": {"operationId": "getJob", **job_link},
             "CancelJob": {"operationId": "cancelJob", **job_link},
             "GetJobContent": {"operationId": "getJobContent", **job_link},
+            "GetJobEvents": {"operationId": "getJobEvents", **job_link},
         }
     submit["requestBody"] = {"required": True, "content": {"application/json": {"schema": ref("JobCreate")}}}
-    return webhooks_openapi.paths() | {
-        "/v1/jobs": {
-            "post": submit,
-            "get": op(
-                "listJobs",
-                "List jobs, newest first",
-                {"200": json_answer("JobList", "A page of jobs"), **problems(422)},
-                *listing,
-            ),
-        },
-        "/v1/jobs/{job_id}": {
-            "get": op(
-                "getJob",
-                "Get a job",
-                {
-                    "200": json_answer("Job", "The job", {"ETag": {"schema": text}}),
-                    "304": {"description": "Not modified"},
-                    **problems(404),
-                },
-                job_id,
-                param("If-None-Match", "header", text),
-            )
-        },
-        "/v1/jobs/{job_id}/cancel": {
-            "post": op(
-                "cancelJob",
-                "Cancel a job (idempotent)",
-                {"200": json_answer("Job", "Canceled (now or before)"), **problems(404, 409)},
-                job_id,
-            )
-        },
-        "/v1/jobs/{job_id}/content": {
-            "get": op(
-                "getJobContent",
-                "Download the job's text, video or thumbnail",
-                {
-                    "200": {"description": "The bytes", "content": binary},
-                    "206": {
-                        "description": "Partial content (Range)",
-                        "content": binary,
-                        "headers": {"Content-Range": {"schema": text}},
+    return (
+        webhooks_openapi.paths()
+        | events_openapi.paths()
+        | {
+            "/v1/jobs": {
+                "post": submit,
+                "get": op(
+                    "listJobs",
+                    "List jobs, newest first",
+                    {"200": json_answer("JobList", "A page of jobs"), **problems(422)},
+                    *listing,
+                ),
+            },
+            "/v1/jobs/{job_id}": {
+                "get": op(
+                    "getJob",
+                    "Get a job",
+                    {
+                        "200": json_answer("Job", "The job", {"ETag": {"schema": text}}),
+                        "304": {"description": "Not modified"},
+                        **problems(404),
                     },
-                    "304": {"description": "Not modified"},
-                    **problems(404, 409, 422),
-                    **unsatisfiable,
-                },
-                job_id,
-                variant,
-                param("Range", "header", text),
-            )
-        },
-        "/v1/health": {
-            "get": op("health", "Liveness", {"200": json_answer("Health", "Alive")}, db=False, auth=False)
-        },
-        "/v1/ready": {
-            "get": op(
-                "ready", "Readiness: database and broker", {"200": json_answer("Ready", "Ready")}, auth=False
-            )
-        },
-        "/openapi.json": {
-            "get": op(
-                "openapi", "This document", {"200": {"description": "OpenAPI 3.1"}}, db=False, auth=False
-            )
-        },
-        "/docs": {
-            "get": op(
-                "docs",
-                "API reference for humans",
-                {"200": {"description": "HTML", "content": {"text/html": {}}}},
-                db=False,
-                auth=False,
-            )
-        },
-        "/metrics": {
-            "get": op(
-                "metrics",
-                "Prometheus metrics",
-                {"200": {"description": "Prometheus text format", "content": {"text/plain": {}}}},
-                db=False,
-                auth=False,
-            )
-        },
-    }
+                    job_id,
+                    param("If-None-Match", "header", text),
+                )
+            },
+            "/v1/jobs/{job_id}/cancel": {
+                "post": op(
+                    "cancelJob",
+                    "Cancel a job (idempotent)",
+                    {"200": json_answer("Job", "Canceled (now or before)"), **problems(404, 409)},
+                    job_id,
+                )
+            },
+            "/v1/jobs/{job_id}/content": {
+                "get": op(
+                    "getJobContent",
+                    "Download the job's text, video or thumbnail",
+                    {
+                        "200": {"description": "The bytes", "content": binary},
+                        "206": {
+                            "description": "Partial content (Range)",
+                            "content": binary,
+                            "headers": {"Content-Range": {"schema": text}},
+                        },
+                        "304": {"description": "Not modified"},
+                        **problems(404, 409, 422),
+                        **unsatisfiable,
+                    },
+                    job_id,
+                    variant,
+                    param("Range", "header", text),
+                )
+            },
+            "/v1/health": {
+                "get": op("health", "Liveness", {"200": json_answer("Health", "Alive")}, db=False, auth=False)
+            },
+            "/v1/ready": {
+                "get": op(
+                    "ready",
+                    "Readiness: database and broker",
+                    {"200": json_answer("Ready", "Ready")},
+                    auth=False,
+                )
+            },
+            "/openapi.json": {
+                "get": op(
+                    "openapi", "This document", {"200": {"description": "OpenAPI 3.1"}}, db=False, auth=False
+                )
+            },
+            "/docs": {
+                "get": op(
+                    "docs",
+                    "API reference for humans",
+                    {"200": {"description": "HTML", "content": {"text/html": {}}}},
+                    db=False,
+                    auth=False,
+                )
+            },
+            "/metrics": {
+                "get": op(
+                    "metrics",
+                    "Prometheus metrics",
+                    {"200": {"description": "Prometheus text format", "content": {"text/plain": {}}}},
+                    db=False,
+                    auth=False,
+                )
+            },
+        }
+    )
 
 
 def build_spec(base_url: str = "") -> dict[str, Any]:

@@ -72,6 +72,7 @@ def api_schema(fuzz_app, api_key) -> OpenApiSchema:
 WITH_INPUTS = [
     ("POST", "/v1/jobs"), ("GET", "/v1/jobs"), ("GET", "/v1/jobs/{job_id}"),
     ("POST", "/v1/jobs/{job_id}/cancel"), ("GET", "/v1/jobs/{job_id}/content"),
+    ("GET", "/v1/jobs/{job_id}/events"),
     ("GET", "/v1/jobs/{job_id}/webhook-deliveries"),
     ("POST", "/v1/webhook-deliveries/{delivery_id}/redeliver"),
     ("POST", "/v1/webhooks"), ("DELETE", "/v1/webhooks/{endpoint_id}"),
