@@ -15,7 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from bench.api import JOB
 from bench.common import (
@@ -85,17 +85,20 @@ class Streams:
     frames: int = 0
     heartbeats: int = 0
     failed: int = 0
+    refused: dict[int, int] = field(default_factory=dict)  # status -> count of streams not opened
 
 
-async def _stream(url: str, headers: dict[str, str], until: float, seen: Streams) -> None:
+async def _stream(url: str, headers: dict[str, str], until: float, seen: Streams, delay: float) -> None:
     import aiohttp
 
+    await asyncio.sleep(delay)  # a ramp: clients connect over a second or two, not all at once
     timeout = aiohttp.ClientTimeout(total=None, sock_read=60)
     async with aiohttp.ClientSession(headers=headers, timeout=timeout) as session:
         try:
             async with session.get(url, headers={"Accept": "text/event-stream"}) as resp:
                 if resp.status != 200:
                     seen.failed += 1
+                    seen.refused[resp.status] = seen.refused.get(resp.status, 0) + 1
                     return
                 seen.opened += 1
                 while time.monotonic() < until:
@@ -122,7 +125,7 @@ async def _round(
     until = time.monotonic() + args.duration + 30  # streams stay open past the load
     tasks = [
         asyncio.create_task(
-            _stream(f"{base}/v1/jobs/{stream_ids[n % len(stream_ids)]}/events", headers, until, seen)
+            _stream(f"{base}/v1/jobs/{stream_ids[n % len(stream_ids)]}/events", headers, until, seen, n / 250)
         )
         for n in range(args.streams if stream_ids else 0)
     ]
@@ -130,7 +133,7 @@ async def _round(
         deadline = time.monotonic() + 60
         while seen.opened + seen.failed < len(tasks) and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
-        print(f"  {seen.opened} streams open ({seen.failed} failed)", flush=True)
+        print(f"  {seen.opened} streams open ({seen.failed} failed: {seen.refused})", flush=True)
 
     def submit(_n: int) -> tuple[str, str, object]:
         return "POST", base + "/v1/jobs", JOB
