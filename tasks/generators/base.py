@@ -9,6 +9,8 @@ the rules below) and `run_batch`; nothing here imports torch.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -190,10 +192,19 @@ class TextGenerator(Generator):
         self._require_ready()
 
         def run(valid: list[int]) -> list[TextResult]:
-            step = None if on_step is None else (lambda i, s, t: on_step(valid[i], s, t))
-            return self.run_batch([requests[i] for i in valid], should_cancel, step)
+            batch = [requests[i] for i in valid]
+            if on_step is None or not _reports_steps(type(self)):
+                return self.run_batch(batch, should_cancel)
+            return self.run_batch(batch, should_cancel, on_step=lambda i, s, t: on_step(valid[i], s, t))
 
         return collect(requests, self.check_inputs, _failed_text, run)
+
+
+@functools.cache
+def _reports_steps(cls: type[TextGenerator]) -> bool:
+    """Does this adapter's run_batch take on_step? Text adapters written before it existed do not,
+    and still work (their stage's progress then moves only when it completes)."""
+    return "on_step" in inspect.signature(cls.run_batch).parameters
 
 
 class VideoGenerator(Generator):
