@@ -195,6 +195,9 @@ def run(args: argparse.Namespace) -> list[Result]:
             mover = Mover(db_url, stream_ids, args.moves)
             mover.start()
             try:
+                if args.warmup > 0:  # pools, caches and the gevent hub warm, then the two runs
+                    warm = argparse.Namespace(**{**vars(args), "duration": args.warmup})
+                    asyncio.run(_round(base, headers, ids, [], warm))
                 print("without streams")
                 b_sub, b_poll, _, b_cpu = _measure("no streams", proc, base, headers, ids, [], args)
                 print(f"with {args.streams} streams")
@@ -218,6 +221,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", type=int, default=100, help="running jobs the streams follow")
     parser.add_argument("--moves", type=float, default=50.0, help="progress moves per second, all jobs")
     parser.add_argument("--duration", type=float, default=20.0, help="seconds per measurement")
+    parser.add_argument("--warmup", type=float, default=3.0, help="seconds of load before the runs")
     parser.add_argument("--concurrency", type=int, default=16, help="submit (and poll) connections")
     parser.add_argument("--workers", type=int, help="gunicorn workers (default: the config's)")
 
