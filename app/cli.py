@@ -47,7 +47,33 @@ def main(ctx: click.Context, verbose: bool) -> None:
     logs.configure(fmt, level)
 
 
-def _wait(client: Any, location: str, poll_s: float = 0.2) -> dict[str, Any]:
+class _Loading:
+    """The demo's own model-loading indicator (the libraries' bars are off: library_logs): one
+    step per model, with the time so far; one line per model when stderr is not a terminal."""
+
+    def __init__(self, kinds: list[str]) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(
+            total=len(kinds),
+            desc=f"Loading models ({', '.join(kinds)})",
+            disable=not sys.stderr.isatty(),
+            bar_format="{desc}: {n}/{total} [{elapsed}]{postfix}",
+        )
+        if self.bar.disable:
+            click.echo(f"Loading models ({', '.join(kinds)})...", err=True)
+
+    def loaded(self, what: str) -> None:
+        self.bar.set_postfix_str(what, refresh=False)
+        self.bar.update(1)
+        if self.bar.disable:
+            click.echo(f"  loaded {what}", err=True)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def _wait(client: Any, location: str, poll_s: float = 0.1) -> dict[str, Any]:
     """Poll the job until it finishes, drawing a progress bar on a terminal."""
     from tqdm import tqdm
 
@@ -75,15 +101,16 @@ def demo(prompt: str, modality: str, data_dir: Path, params: tuple[str, ...]) ->
     """Run one job end to end in this process (SQLite, in-process broker, real models)."""
     _offline()
     from app import create_app
-    from tasks.embedded import embedded_dev_key, embedded_settings, embedded_worker
+    from tasks.embedded import embedded_dev_key, embedded_settings, embedded_worker, preload_kinds
 
     settings = embedded_settings(data_dir)
     job_params = {
         k: json.loads(v) if v[:1].isdigit() or v in ("true", "false") else v
         for k, v in (p.split("=", 1) for p in params)
     }
-    click.echo(f"Loading models ({settings.text_model}, {settings.video_model})...", err=True)
-    with embedded_worker(settings):
+    loading = _Loading(preload_kinds(settings))
+    with embedded_worker(settings, on_loaded=loading.loaded):
+        loading.close()
         client = create_app(settings).test_client()
         client.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {embedded_dev_key(settings)}"
         resp = client.post("/v1/jobs", json={"prompt": prompt, "modality": modality, "params": job_params})

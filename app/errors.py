@@ -27,6 +27,7 @@ Reason = Literal[
     "",
     "rate",  # 429: the key's request rate limit
     "active_jobs",  # 429: the tenant's queued + running jobs cap
+    "streams",  # 429 / 503: the tenant's / the process's concurrent event streams cap
     "text_backlog",  # 503: admission, the text stage's backlog is over its bound
     "video_backlog",  # 503: admission, the video stage's backlog is over its bound
     "estimated_wait",  # 503: admission, the estimated wait is over its bound

@@ -14,6 +14,7 @@ from app import (
     api_docs,
     auth,
     errors,
+    events,
     headers,
     health,
     jobs,
@@ -85,6 +86,7 @@ def create_app(
     limits.init_app(app, settings)
     admission.init_app(app, settings, app.extensions[EXTENSION].sessions)
     app.register_blueprint(jobs.bp)
+    app.register_blueprint(events.bp)
     app.register_blueprint(health.bp)
     app.register_blueprint(openapi.bp)
     app.register_blueprint(api_docs.bp)

@@ -7,7 +7,7 @@ from typing import Any, Literal
 from flask import Blueprint, Response, current_app, jsonify
 from pydantic import TypeAdapter
 
-from app import api_docs, openapi_rules, webhooks_openapi
+from app import api_docs, events_openapi, openapi_rules, webhooks_openapi
 from app.openapi_examples import TAGS, add_examples, add_tags
 from app.openapi_models import Health, Job, JobList, Problem, Ready, Usage
 from app.openapi_parts import REF, json_answer, op, param, problems, ref
@@ -26,6 +26,7 @@ def _schemas() -> dict[str, Any]:
         *[(m.__name__, TypeAdapter(m), "serialization") for m in RESPONSES],
         *[(m.__name__, TypeAdapter(m), "validation") for m in webhooks_openapi.REQUESTS],
         *[(m.__name__, TypeAdapter(m), "serialization") for m in webhooks_openapi.MODELS],
+        *[(m.__name__, TypeAdapter(m), "serialization") for m in events_openapi.MODELS],
     ]
     for name, adapter, mode in named:
         schema = adapter.json_schema(ref_template=REF, mode=mode)
@@ -92,9 +93,10 @@ def _paths() -> dict[str, Any]:
             "GetJob": {"operationId": "getJob", **job_link},
             "CancelJob": {"operationId": "cancelJob", **job_link},
             "GetJobContent": {"operationId": "getJobContent", **job_link},
+            "GetJobEvents": {"operationId": "getJobEvents", **job_link},
         }
     submit["requestBody"] = {"required": True, "content": {"application/json": {"schema": ref("JobCreate")}}}
-    paths = webhooks_openapi.paths() | {
+    paths = webhooks_openapi.paths() | events_openapi.paths() | {
         "/v1/jobs": {
             "post": submit,
             "get": op(

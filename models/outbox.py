@@ -19,6 +19,7 @@ from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.types import TypeDecorator
 
+from models import events as job_events
 from models.job import Job, JobEvent
 from models.webhook import WebhookMessage, any_registered_endpoint, registered_endpoint_exists
 
@@ -72,6 +73,7 @@ def add_events(
     read it in the statement that wrote the job (registered_column); None looks it up here.
     """
     events_table = JobEvent.__table__
+    job_events.notify(session, job.id)  # delivered on commit: the job's streams read the new rows
     if job.webhook is None:
         if registered is None:
             registered = any_registered_endpoint(session, job.tenant_id)

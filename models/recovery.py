@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, and_, case, literal, update
 from sqlalchemy.orm import Session
 
+from models import events
 from models.base import utcnow
 from models.job import ACTIVE, Job, JobEvent, JobStatus, Stage
 from models.states import _transition
@@ -100,6 +101,7 @@ def undo_recovery(session: Session, job_id: uuid.UUID, undo: dict[str, Any]) -> 
 
 def log_recovery(session: Session, job_id: uuid.UUID, data: dict[str, Any]) -> None:
     session.add(JobEvent(job_id=job_id, type="job.recovered", data=data))
+    events.notify(session, job_id)
 
 
 def mark_compensated(session: Session, job_id: uuid.UUID, data: dict[str, Any]) -> bool:
@@ -117,4 +119,5 @@ def mark_compensated(session: Session, job_id: uuid.UUID, data: dict[str, Any]) 
     if session.execute(stmt).rowcount != 1:  # type: ignore[attr-defined]
         return False
     session.add(JobEvent(job_id=job_id, type="job.compensated", data=data))
+    events.notify(session, job_id)
     return True

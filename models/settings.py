@@ -273,6 +273,27 @@ class Settings(BaseSettings):
         4, description="Concurrent `Prefer: wait` requests per web process; more answer at once."
     )
 
+    # -- job event streams (GET /v1/jobs/{id}/events)
+    stream_max_per_process: int = Field(
+        1000, description="Concurrent event streams per web process; past it a new stream gets 503."
+    )
+    stream_max_per_tenant: int = Field(
+        100, description="Concurrent event streams of one tenant per web process; past it 429."
+    )
+    stream_heartbeat_s: float = Field(
+        15.0, description="Seconds of silence after which a stream sends a comment line (keeps proxies open)."
+    )
+    stream_poll_s: float = Field(
+        2.0,
+        description="How often a stream re-reads its job's events when no notification listener is "
+        "connected (SQLite, or Postgres unreachable); also the listener's reconnect pause.",
+    )
+    stream_max_duration_s: float = Field(
+        3600.0,
+        description="A stream closes after this long (the client resumes with `Last-Event-ID`), so a "
+        "restarting web process is never held up by old streams.",
+    )
+
     # -- request limits and job defaults
     max_body_bytes: int = Field(64 * 1024, description="Largest request body; larger ones get 413.")
     web_body_timeout_s: float = Field(

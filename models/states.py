@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import ColumnElement, Update, and_, bindparam, delete, func, inspect, true, update
 from sqlalchemy.orm import Session
 
-from models import outbox
+from models import events, outbox
 from models.base import utcnow
 from models.cache import settle_followers
 from models.db import rowcount
@@ -284,8 +284,9 @@ def set_progress(
 
     With `event_at`, also log a job.progress event stamped with that time (the caller throttles
     on the same clock, so the stamps of consecutive events are at least its interval apart).
+    Without, the move is announced to the job's streams only (models.events: ephemeral).
     """
-    return _transition(
+    moved = _transition(
         session,
         job_id,
         and_(Job.status == JobStatus.RUNNING, Job.stage == stage, Job.progress < progress),
@@ -295,6 +296,9 @@ def set_progress(
         event_data={"progress": progress},
         event_at=event_at,
     )
+    if moved and not event_at:
+        events.notify(session, job_id, progress)
+    return moved
 
 
 def complete_video(

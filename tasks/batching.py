@@ -289,11 +289,9 @@ def _generate(
     progress: Sequence[ProgressCallback | None],
     should_cancel: CancelCheck | None,
 ) -> Sequence[Any]:
-    """One generate() call; only video adapters report steps (the text contract takes no on_step)."""
+    """One generate() call; each caller hears its own request's steps (tokens, denoising steps)."""
     with generating(gen.stage, len(requests)):
-        if isinstance(gen, VideoGenerator):
-            return gen.generate(requests, on_step=_step_callback(progress), should_cancel=should_cancel)
-        return gen.generate(requests, should_cancel=should_cancel)
+        return gen.generate(requests, on_step=_step_callback(progress), should_cancel=should_cancel)
 
 
 def _runner(spec: StageSpec) -> RunBatch:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,9 @@ from models.settings import Settings
 from models.tenant import DEFAULT_TENANT_NAME
 from tasks.celery_app import create_celery
 from tasks.contract import names
-from tasks.lifecycle import preload_models
+from tasks.lifecycle import preload_kinds, preload_models
+
+__all__ = ["embedded_dev_key", "embedded_settings", "embedded_worker", "preload_kinds"]
 
 log = logging.getLogger("genqueue.embedded")
 
@@ -52,8 +54,13 @@ def _dev_media_key(data_dir: Path) -> str:
 
 
 @contextmanager
-def embedded_worker(settings: Settings, concurrency: int = 2) -> Iterator[Celery]:
-    """Migrate the SQLite database, load the models, and run a worker thread on every queue."""
+def embedded_worker(
+    settings: Settings, concurrency: int = 2, on_loaded: Callable[[str], None] | None = None
+) -> Iterator[Celery]:
+    """Migrate the SQLite database, load the models, and run a worker thread on every queue.
+
+    `on_loaded(description)` after each model has loaded (tasks.lifecycle.preload_models).
+    """
     from celery.contrib.testing.worker import start_worker
 
     import tasks.pipeline  # noqa: F401  registers the tasks
@@ -61,7 +68,7 @@ def embedded_worker(settings: Settings, concurrency: int = 2) -> Iterator[Celery
     upgrade(settings.database_url)
     Path(settings.artifact_dir).mkdir(parents=True, exist_ok=True)
     app = create_celery(settings)
-    loaded = preload_models(settings)
+    loaded = preload_models(settings, on_loaded)
     log.info("embedded worker ready; models: %s", ", ".join(loaded) or "lazy")
     # The threads pool: the memory transport only works between threads of one process.
     with start_worker(

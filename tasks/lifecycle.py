@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 from celery import Celery
@@ -18,13 +19,23 @@ from tasks.generators.registry import get_generator
 log = logging.getLogger("genqueue.worker")
 
 
-def preload_models(settings: Settings) -> list[str]:
-    """Load (and warm up) the models named in settings.worker_preload; returns what was loaded."""
+def preload_kinds(settings: Settings) -> list[str]:
+    """The stages settings.worker_preload names, in order."""
+    return [k for k in (k.strip() for k in settings.worker_preload.split(",")) if k]
+
+
+def preload_models(settings: Settings, on_loaded: Callable[[str], None] | None = None) -> list[str]:
+    """Load (and warm up) the models named in settings.worker_preload; returns what was loaded.
+
+    `on_loaded(description)` after each one (the demo's loading indicator).
+    """
     loaded = []
-    for kind in filter(None, (k.strip() for k in settings.worker_preload.split(","))):
+    for kind in preload_kinds(settings):
         spec = spec_for(settings, kind)
         gen = get_generator(spec.stage, spec.model, spec.dtype)
         loaded.append(f"{kind}={spec.model}@{getattr(gen, 'device', '?')}")
+        if on_loaded is not None:
+            on_loaded(loaded[-1])
     return loaded
 
 

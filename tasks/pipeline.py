@@ -83,19 +83,27 @@ def _text_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID) -> None:
         repetition_penalty=rt.settings.text_repetition_penalty,
         no_repeat_ngram_size=rt.settings.text_no_repeat_ngram_size,
     )
-    watch = JobWatch(rt, jid, Stage.TEXT)
+    final = is_final(job.modality, Stage.TEXT)
+    # Per token: a text job's whole bar, or a video job's first TEXT_DONE_PROGRESS percent.
+    watch = JobWatch(rt, jid, Stage.TEXT, progress_to=99 if final else TEXT_DONE_PROGRESS)
     meter, model = Meter(), rt.settings.text_model
     try:
         started = time.monotonic()
         result = run_batched(
-            self, rt.settings, Stage.TEXT, request, should_cancel=watch.canceled, meter=meter
+            self,
+            rt.settings,
+            Stage.TEXT,
+            request,
+            should_cancel=watch.canceled,
+            on_progress=watch.on_step,
+            meter=meter,
         )
         if result.error is not None:
             raise result.error
     except Exception as exc:
         _charge(rt, jid, Stage.TEXT, meter, model)
         failures.handle(self, rt, job, Stage.TEXT, exc)
-    final, seconds = is_final(job.modality, Stage.TEXT), round(time.monotonic() - started, 3)
+    seconds = round(time.monotonic() - started, 3)
     with transaction(rt.sessions) as s:
         done = states.complete_text(
             s,
@@ -198,6 +206,4 @@ def compensate(self: Task[[str], None], job_id: str) -> None:
             if job is None:
                 return
             stage = job.stage
-        compensation.fail_and_compensate(
-            rt, jid, "internal_error", "the pipeline failed unexpectedly", stage
-        )
+        compensation.fail_and_compensate(rt, jid, "internal_error", "the pipeline failed unexpectedly", stage)

@@ -192,7 +192,9 @@ class RecordingText(TextGenerator):
         if "[[fail]]" in request.prompt:
             raise InvalidRequest("bad prompt")
 
-    def run_batch(self, requests: Sequence[TextRequest], should_cancel: Any = None) -> list[TextResult]:
+    def run_batch(
+        self, requests: Sequence[TextRequest], should_cancel: Any = None, on_step: Any = None
+    ) -> list[TextResult]:
         RecordingText.calls.append([r.prompt for r in requests])
         time.sleep(0.2)  # long enough for the next tasks to pile up behind a running batch
         if any("[[transient]]" in r.prompt for r in requests):

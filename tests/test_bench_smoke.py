@@ -17,12 +17,14 @@ SCRIPTS = {
     "pipeline": ["--jobs", "5", "--warmup", "1"],
     "memory": ["--requests", "100", "--warmup-requests", "20", "--connections", "8", "--jobs", "5",
                "--warmup-jobs", "1"],
+    "sse": ["--streams", "20", "--jobs", "4", "--duration", "1", "--warmup", "0.5", "--concurrency", "4"],
 }
 # (metric, whether its ratio must be a positive number: a memory growth baseline may be 0 -> nan)
 EXPECTED = {
     "api": [("throughput", True), ("p50 latency", True), ("p99 latency", True)],
     "pipeline": [("jobs/s (text->video)", True)],
     "memory": [("web RSS growth/1k req", False), ("worker RSS growth/1k jobs", False)],
+    "sse": [("submit p99", True), ("streams open", True)],
 }
 RATIO = re.compile(r" ratio (-?\d+\.\d+|nan)x")
 

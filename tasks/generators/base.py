@@ -9,6 +9,8 @@ the rules below) and `run_batch`; nothing here imports torch.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -174,20 +176,43 @@ class TextGenerator(Generator):
 
     @abstractmethod
     def run_batch(
-        self, requests: Sequence[TextRequest], should_cancel: CancelCheck | None = None
+        self,
+        requests: Sequence[TextRequest],
+        should_cancel: CancelCheck | None = None,
+        on_step: StepCallback | None = None,
     ) -> list[TextResult]:
-        """One result per (already checked) request, in order; raises for whole-call failures."""
+        """One result per (already checked) request, in order; raises for whole-call failures.
+
+        on_step(index, tokens, budget) after generated tokens (index into `requests`), if the
+        adapter can tell; a batched call may report every row at each token.
+        """
 
     def generate(
-        self, requests: Sequence[TextRequest], should_cancel: CancelCheck | None = None
+        self,
+        requests: Sequence[TextRequest],
+        should_cancel: CancelCheck | None = None,
+        on_step: StepCallback | None = None,
     ) -> list[TextResult]:
-        """One result per request, in order; a refused request fails alone (its result's `error`)."""
+        """One result per request, in order; a refused request fails alone (its result's `error`).
+
+        on_step(index, tokens, budget) reports progress with `index` into `requests`.
+        """
         self._require_ready()
 
         def run(valid: list[int]) -> list[TextResult]:
-            return self.run_batch([requests[i] for i in valid], should_cancel)
+            batch = [requests[i] for i in valid]
+            if on_step is None or not _reports_steps(type(self)):
+                return self.run_batch(batch, should_cancel)
+            return self.run_batch(batch, should_cancel, on_step=lambda i, s, t: on_step(valid[i], s, t))
 
         return collect(requests, self.check_inputs, _failed_text, run)
+
+
+@functools.cache
+def _reports_steps(cls: type[TextGenerator]) -> bool:
+    """Does this adapter's run_batch take on_step? Text adapters written before it existed do not,
+    and still work (their stage's progress then moves only when it completes)."""
+    return "on_step" in inspect.signature(cls.run_batch).parameters
 
 
 class VideoGenerator(Generator):

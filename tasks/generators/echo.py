@@ -1,4 +1,5 @@
 """Zero-cost "echo" generators for tests and benchmarks: deterministic output, failure markers, no torch."""
+
 from __future__ import annotations
 
 import hashlib
@@ -48,15 +49,20 @@ class EchoTextGenerator(TextGenerator):
         _refuse_marked(request.prompt)
 
     def run_batch(
-        self, requests: Sequence[TextRequest], should_cancel: CancelCheck | None = None
+        self,
+        requests: Sequence[TextRequest],
+        should_cancel: CancelCheck | None = None,
+        on_step: StepCallback | None = None,
     ) -> list[TextResult]:
         _check_markers(requests)
         if should_cancel is not None and should_cancel():
             raise Canceled("text generation canceled")
         results = []
-        for req in requests:
+        for idx, req in enumerate(requests):
             started = time.perf_counter()
             words = ("Shot: " + req.prompt.strip()).split()[: req.max_new_tokens]
+            if on_step is not None:
+                on_step(idx, len(words), len(words))
             results.append(TextResult(" ".join(words), len(words), time.perf_counter() - started))
         return results
 

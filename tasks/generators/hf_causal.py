@@ -28,6 +28,7 @@ from tasks.generators.base import (
     CancelCheck,
     Canceled,
     InvalidRequest,
+    StepCallback,
     TextGenerator,
     TextRequest,
     TextResult,
@@ -90,6 +91,21 @@ class CancelCriteria(StoppingCriteria):
             self.canceled = bool(self.should_cancel())
         return torch.full(  # type: ignore[return-value]  # see RowBudget
             (input_ids.shape[0],), self.canceled, dtype=torch.bool, device=input_ids.device
+        )
+
+
+class StepReport(StoppingCriteria):
+    """Never stops anything: after each generated token, tells on_step how far each row is."""
+
+    def __init__(self, on_step: StepCallback, prompt_len: int, budgets: Sequence[int]):
+        self.on_step, self.prompt_len, self.budgets = on_step, prompt_len, budgets
+
+    def __call__(self, input_ids: torch.LongTensor, scores: Any, **kwargs: Any) -> torch.BoolTensor:
+        done = input_ids.shape[1] - self.prompt_len
+        for row, budget in enumerate(self.budgets):
+            self.on_step(row, min(done, budget), budget)  # the caller throttles (tasks.watch)
+        return torch.zeros(  # type: ignore[return-value]  # see RowBudget
+            (input_ids.shape[0],), dtype=torch.bool, device=input_ids.device
         )
 
 
@@ -166,7 +182,10 @@ class CausalLMGenerator(TextGenerator):
         return self.model is not None
 
     def run_batch(
-        self, requests: Sequence[TextRequest], should_cancel: CancelCheck | None = None
+        self,
+        requests: Sequence[TextRequest],
+        should_cancel: CancelCheck | None = None,
+        on_step: StepCallback | None = None,
     ) -> list[TextResult]:
         """Run the checked requests in one left-padded generate() call.
 
@@ -190,6 +209,9 @@ class CausalLMGenerator(TextGenerator):
             prompt_len, [r.repetition_penalty for r, _ in rows], [r.no_repeat_ngram_size for r, _ in rows]
         )
         cancel = CancelCriteria(should_cancel, self.cancel_check_interval_s)
+        criteria: list[StoppingCriteria] = [RowBudget(prompt_len, budgets), cancel]
+        if on_step is not None:
+            criteria.append(StepReport(on_step, prompt_len, budgets))
         # A fresh config so checkpoint defaults (sampling, penalties) never leak in; penalties and
         # sampling are done by RepetitionGuard and PerRowSampler inside greedy decoding, so they
         # stay per row (the guard first: a banned token must stay banned after the noise).
@@ -208,7 +230,7 @@ class CausalLMGenerator(TextGenerator):
                 logits_processor=LogitsProcessorList(
                     [guard, PerRowSampler([r.temperature for r, _ in rows], gens)]
                 ),
-                stopping_criteria=StoppingCriteriaList([RowBudget(prompt_len, budgets), cancel]),
+                stopping_criteria=StoppingCriteriaList(criteria),
             )
         if cancel.canceled:
             raise Canceled("text generation canceled")

@@ -80,7 +80,10 @@ class FlakyText(EchoTextGenerator):
     """A prompt with [[flaky:N]] fails transiently on its first N calls in this process."""
 
     def run_batch(
-        self, requests: Sequence[TextRequest], should_cancel: CancelCheck | None = None
+        self,
+        requests: Sequence[TextRequest],
+        should_cancel: CancelCheck | None = None,
+        on_step: StepCallback | None = None,
     ) -> list[TextResult]:
         for req in requests:
             m = FLAKY.search(req.prompt)
@@ -90,7 +93,7 @@ class FlakyText(EchoTextGenerator):
                     n = _calls[req.prompt]
                 if n <= int(m.group(1)):
                     raise TransientGeneratorError(f"flaky: call {n} of {m.group(1)} fails")
-        return super().run_batch(requests, should_cancel)
+        return super().run_batch(requests, should_cancel, on_step)
 
 
 class CostlyFlakyText(FlakyText):
@@ -108,19 +111,25 @@ class SlowText(EchoTextGenerator):
     """Emits one word per GENQUEUE_TEST_TOKEN_SECONDS (default 0.2), checking for cancel at each."""
 
     def run_batch(
-        self, requests: Sequence[TextRequest], should_cancel: CancelCheck | None = None
+        self,
+        requests: Sequence[TextRequest],
+        should_cancel: CancelCheck | None = None,
+        on_step: StepCallback | None = None,
     ) -> list[TextResult]:
         delay = float(os.environ.get("GENQUEUE_TEST_TOKEN_SECONDS") or 0.2)
         out = []
         with _traced([r.prompt for r in requests]) as traced:
-            for req, run in zip(requests, traced, strict=True):
+            for idx, (req, run) in enumerate(zip(requests, traced, strict=True)):
                 words: list[str] = []
+                budget = min(req.max_new_tokens, len(req.prompt.split()))
                 for word in req.prompt.split()[: req.max_new_tokens]:
                     if should_cancel is not None and should_cancel():
                         raise Canceled("text generation canceled")
                     time.sleep(delay)
                     words.append(word)
                     run.steps = len(words)
+                    if on_step is not None:
+                        on_step(idx, len(words), budget)
                 out.append(TextResult(" ".join(words), len(words), delay * len(words)))
         return out
 
