@@ -7,6 +7,7 @@ transaction, and False when the WHERE clause matched nothing (someone got there 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -104,8 +105,17 @@ def log_recovery(session: Session, job_id: uuid.UUID, data: dict[str, Any]) -> N
     events.notify(session, job_id)
 
 
-def mark_compensated(session: Session, job_id: uuid.UUID, data: dict[str, Any]) -> bool:
-    """Claim the job's compensation: True exactly once per failed or canceled job."""
+def mark_compensated(
+    session: Session,
+    job_id: uuid.UUID,
+    data: dict[str, Any],
+    then: Callable[[], dict[str, Any]] | None = None,
+) -> bool:
+    """Claim the job's compensation: True exactly once per failed or canceled job.
+
+    `then` runs only for the claim that won, before the event row is written (the notify below
+    flushes it), and what it returns is added to `data`: the releases go into the event.
+    """
     stmt = (
         update(Job)
         .where(
@@ -118,6 +128,8 @@ def mark_compensated(session: Session, job_id: uuid.UUID, data: dict[str, Any]) 
     )
     if session.execute(stmt).rowcount != 1:  # type: ignore[attr-defined]
         return False
+    if then is not None:
+        data.update(then())
     session.add(JobEvent(job_id=job_id, type="job.compensated", data=data))
     events.notify(session, job_id)
     return True

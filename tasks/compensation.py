@@ -58,11 +58,12 @@ def compensate_job(rt: Runtime, job_id: uuid.UUID) -> bool:
             "stage": job.error_stage,
             "files_removed": removed,
         }
-        if not mark_compensated(s, job_id, data):
+        def release() -> dict[str, Any]:
+            released = [repr(hook(s, job)) for hook in _release_hooks]
+            return {"released": released} if released else {}
+
+        if not mark_compensated(s, job_id, data, then=release):
             return False
-        released = [repr(hook(s, job)) for hook in _release_hooks]
-        if released:
-            data["released"] = released
     metrics().compensations.labels(data["status"]).inc()
     log.info("job %s compensated: %s", job_id, data)
     return True
