@@ -356,13 +356,14 @@ def list_jobs() -> Response:
 def cancel_job(job_id: str) -> Response:
     with transaction(services().sessions) as s:
         job = _load(s, job_id)  # ownership first: another tenant's job is a 404
+        jid = job.id
         canceled, heir = _cancel(s, job)
         if not canceled and job.status != JobStatus.CANCELED:
             raise Conflict(
                 f"The job already {job.status}; it cannot be canceled.", extra={"job_status": job.status}
             )
         resource = _resource(s, job)
-    _after_cancel(job.id, canceled, heir)
+    _after_cancel(jid, canceled, heir)
     return jsonify(resource)
 
 
@@ -371,11 +372,14 @@ def delete_job(job_id: str) -> Response:
     """Cancel if active, remove the outputs, prompt and files; the row stays for usage (204, idempotent)."""
     svc = services()
     with transaction(svc.sessions) as s:
-        job = _load(s, job_id)
+        job = _load(s, job_id)  # another tenant's job is a 404, like a missing one
+        jid = job.id
         canceled, heir = _cancel(s, job)
-        retention.mark_removed(s, [job.id])
-    _after_cancel(job.id, canceled, heir)
-    _remove_files(job.id)
+        retention.mark_removed(s, [jid])  # a no-op the second time: DELETE is idempotent
+    _after_cancel(jid, canceled, heir)
+    # Marked first, so nothing serves or reuses the files while they go; a video stage still
+    # writing when canceled leaves files its compensation removes.
+    shutil.rmtree(job_dir(services().artifact_dir, jid), ignore_errors=True)
     return Response(status=204)
 
 
@@ -399,14 +403,6 @@ def _after_cancel(jid: uuid.UUID, canceled: bool, heir: Job | None) -> None:
             _published().add(heir.id)  # recorded like a submit's
         except Exception:  # the heir stays queued with no published_at: the reaper republishes it
             log.exception("follower %s of canceled job %s could not be published", heir.id, jid)
-
-
-def _remove_files(jid: uuid.UUID) -> None:
-    """The deleted job's own folder; a late attempt's files go with its compensation."""
-    try:
-        shutil.rmtree(job_dir(services().artifact_dir, jid), ignore_errors=True)
-    except OSError as exc:  # the data is marked removed and never served; the folder is litter
-        log.warning("files of deleted job %s not removed: %s", jid, exc)
 
 
 def _request_compensation(job_id: uuid.UUID) -> None:
