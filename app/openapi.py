@@ -97,135 +97,125 @@ def _paths() -> dict[str, Any]:
             "GetJobEvents": {"operationId": "getJobEvents", **job_link},
         }
     submit["requestBody"] = {"required": True, "content": {"application/json": {"schema": ref("JobCreate")}}}
-    paths = (
-        webhooks_openapi.paths()
-        | events_openapi.paths()
-        | {
-            "/v1/jobs": {
-                "post": submit,
-                "get": op(
-                    "listJobs",
-                    "List jobs, newest first",
-                    {"200": json_answer("JobList", "A page of jobs"), **problems(422)},
-                    *listing,
-                ),
-            },
-            "/v1/jobs/{job_id}": {
-                "get": op(
-                    "getJob",
-                    "Get a job",
-                    {
-                        "200": json_answer("Job", "The job", {"ETag": {"schema": text}}),
-                        "304": {"description": "Not modified"},
-                        **problems(404),
+    paths = webhooks_openapi.paths() | events_openapi.paths() | {
+        "/v1/jobs": {
+            "post": submit,
+            "get": op(
+                "listJobs",
+                "List jobs, newest first",
+                {"200": json_answer("JobList", "A page of jobs"), **problems(422)},
+                *listing,
+            ),
+        },
+        "/v1/jobs/{job_id}": {
+            "get": op(
+                "getJob",
+                "Get a job",
+                {
+                    "200": json_answer("Job", "The job", {"ETag": {"schema": text}}),
+                    "304": {"description": "Not modified"},
+                    **problems(404),
+                },
+                job_id,
+                param("If-None-Match", "header", text),
+            ),
+            "delete": op(
+                "deleteJob",
+                "Delete a job's data (idempotent): cancel it if active, remove its outputs, prompt and "
+                "files; the job stays listed, `data_removed: true`, and counts in usage",
+                {"204": {"description": "Deleted (now or before)"}, **problems(404)},
+                job_id,
+            ),
+        },
+        "/v1/jobs/{job_id}/cancel": {
+            "post": op(
+                "cancelJob",
+                "Cancel a job (idempotent)",
+                {"200": json_answer("Job", "Canceled (now or before)"), **problems(404, 409)},
+                job_id,
+            )
+        },
+        "/v1/jobs/{job_id}/content": {
+            "get": op(
+                "getJobContent",
+                "Download the job's text, video or thumbnail",
+                {
+                    "200": {"description": "The bytes", "content": binary},
+                    "206": {
+                        "description": "Partial content (Range)",
+                        "content": binary,
+                        "headers": {"Content-Range": {"schema": text}},
                     },
-                    job_id,
-                    param("If-None-Match", "header", text),
-                ),
-                "delete": op(
-                    "deleteJob",
-                    "Delete a job's data (idempotent): cancel it if active, remove its outputs, prompt and "
-                    "files; the job stays listed, `data_removed: true`, and counts in usage",
-                    {"204": {"description": "Deleted (now or before)"}, **problems(404)},
-                    job_id,
-                ),
-            },
-            "/v1/jobs/{job_id}/cancel": {
-                "post": op(
-                    "cancelJob",
-                    "Cancel a job (idempotent)",
-                    {"200": json_answer("Job", "Canceled (now or before)"), **problems(404, 409)},
-                    job_id,
-                )
-            },
-            "/v1/jobs/{job_id}/content": {
-                "get": op(
-                    "getJobContent",
-                    "Download the job's text, video or thumbnail",
-                    {
-                        "200": {"description": "The bytes", "content": binary},
-                        "206": {
-                            "description": "Partial content (Range)",
-                            "content": binary,
-                            "headers": {"Content-Range": {"schema": text}},
-                        },
-                        "304": {"description": "Not modified"},
-                        **problems(404, 409, 410, 422),
-                        **unsatisfiable,
+                    "304": {"description": "Not modified"},
+                    **problems(404, 409, 410, 422),
+                    **unsatisfiable,
+                },
+                job_id,
+                variant,
+                param("Range", "header", text),
+            )
+        },
+        "/v1/usage": {
+            "get": op(
+                "getUsage",
+                "The calling tenant's usage: jobs by outcome, GPU seconds, tokens, frames, cache hits",
+                {"200": json_answer("Usage", "Usage of the jobs submitted in the window"), **problems(422)},
+                *openapi_rules.usage_params(),
+            )
+        },
+        "/v1/media/{job_id}/{variant}": {"get": _media(job_id, variants, binary, unsatisfiable)},
+        "/v1/health": {
+            "get": op("health", "Liveness", {"200": json_answer("Health", "Alive")}, db=False, auth=False)
+        },
+        "/v1/ready": {
+            "get": op(
+                "ready", "Readiness: database and broker", {"200": json_answer("Ready", "Ready")}, auth=False
+            )
+        },
+        "/openapi.json": {
+            "get": op(
+                "openapi", "This document", {"200": {"description": "OpenAPI 3.1"}}, db=False, auth=False
+            )
+        },
+        "/docs": {
+            "get": op(
+                "docs",
+                "API reference for humans (this page)",
+                {"200": {"description": "HTML", "content": {"text/html": {}}}},
+                db=False,
+                auth=False,
+            )
+        },
+        "/docs/assets/{name}": {
+            "get": op(
+                "docsAsset",
+                "A stylesheet or script of /docs (cached for a year: the URL carries its version)",
+                {
+                    "200": {
+                        "description": "The file",
+                        "content": {"text/css": {}, "text/javascript": {}},
+                        "headers": {"Cache-Control": {"schema": text}, "ETag": {"schema": text}},
                     },
-                    job_id,
-                    variant,
-                    param("Range", "header", text),
-                )
-            },
-            "/v1/usage": {
-                "get": op(
-                    "getUsage",
-                    "The calling tenant's usage: jobs by outcome, GPU seconds, tokens, frames, cache hits",
-                    {
-                        "200": json_answer("Usage", "Usage of the jobs submitted in the window"),
-                        **problems(422),
-                    },
-                    *openapi_rules.usage_params(),
-                )
-            },
-            "/v1/media/{job_id}/{variant}": {"get": _media(job_id, variants, binary, unsatisfiable)},
-            "/v1/health": {
-                "get": op("health", "Liveness", {"200": json_answer("Health", "Alive")}, db=False, auth=False)
-            },
-            "/v1/ready": {
-                "get": op(
-                    "ready",
-                    "Readiness: database and broker",
-                    {"200": json_answer("Ready", "Ready")},
-                    auth=False,
-                )
-            },
-            "/openapi.json": {
-                "get": op(
-                    "openapi", "This document", {"200": {"description": "OpenAPI 3.1"}}, db=False, auth=False
-                )
-            },
-            "/docs": {
-                "get": op(
-                    "docs",
-                    "API reference for humans (this page)",
-                    {"200": {"description": "HTML", "content": {"text/html": {}}}},
-                    db=False,
-                    auth=False,
-                )
-            },
-            "/docs/assets/{name}": {
-                "get": op(
-                    "docsAsset",
-                    "A stylesheet or script of /docs (cached for a year: the URL carries its version)",
-                    {
-                        "200": {
-                            "description": "The file",
-                            "content": {"text/css": {}, "text/javascript": {}},
-                            "headers": {"Cache-Control": {"schema": text}, "ETag": {"schema": text}},
-                        },
-                        "304": {"description": "Not modified"},
-                        **problems(404),
-                    },
-                    param("name", "path", {"type": "string", "enum": list(api_docs.ASSETS)}),
-                    param("v", "query", text, "The assets' version; any value serves the same file."),
-                    param("If-None-Match", "header", text),
-                    db=False,
-                    auth=False,
-                )
-            },
-            "/metrics": {
-                "get": op(
-                    "metrics",
-                    "Prometheus metrics",
-                    {"200": {"description": "Prometheus text format", "content": {"text/plain": {}}}},
-                    db=False,
-                    auth=False,
-                )
-            },
-        }
-    )
+                    "304": {"description": "Not modified"},
+                    **problems(404),
+                },
+                param("name", "path", {"type": "string", "enum": list(api_docs.ASSETS)}),
+                param("v", "query", text, "The assets' version; any value serves the same file."),
+                param("If-None-Match", "header", text),
+                db=False,
+                auth=False,
+            )
+        },
+        "/metrics": {
+            "get": op(
+                "metrics",
+                "Prometheus metrics",
+                {"200": {"description": "Prometheus text format", "content": {"text/plain": {}}}},
+                db=False,
+                auth=False,
+            )
+        },
+    }
     add_examples(paths)
     add_tags(paths)
     return paths
