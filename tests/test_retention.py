@@ -19,6 +19,7 @@ from models import Job
 from models.base import utcnow
 from models.db import transaction
 from tasks import retention as retention_task
+from tasks.config import celery_config
 from tasks.contract import names
 from tasks.runtime import Runtime
 from tests.support.api import assert_problem, wait_finished
@@ -104,6 +105,14 @@ def test_the_retention_task_removes_expired_data_and_keeps_the_row(
     assert _usage_jobs(client) == before  # the row still counts
     assert client.get(f"/v1/jobs/{keep['id']}").get_json()["data_removed"] is False
     assert files(settings.artifact_dir, uuid.UUID(keep["id"]))
+
+
+def test_the_retention_task_is_scheduled_on_the_default_queue(settings) -> None:
+    conf = celery_config(settings.model_copy(update={"retention_interval_s": 42.0}))
+    [entry] = [e for e in conf["beat_schedule"].values() if e["task"] == names.EXPIRE_ARTIFACTS]
+    assert entry["schedule"] == 42.0 and entry["options"]["expires"] == 42.0
+    assert conf["task_routes"][names.EXPIRE_ARTIFACTS] == {"queue": names.DEFAULT_QUEUE}
+    assert "tasks.retention" in conf["include"]
 
 
 def test_retention_is_bounded_idempotent_and_safe_twice_at_once(client, settings, sessions, worker) -> None:
