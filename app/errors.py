@@ -97,6 +97,10 @@ class Conflict(ApiError):
     status, title, slug = 409, "Conflict", "conflict"
 
 
+class Gone(ApiError):
+    status, title, slug = 410, "Gone", "data-removed"
+
+
 class PayloadTooLarge(ApiError):
     status, title, slug = 413, "Content Too Large", "payload-too-large"
 

@@ -7,6 +7,7 @@ import functools
 import hashlib
 import json
 import logging
+import shutil
 import uuid
 from datetime import datetime
 from pathlib import PurePosixPath
@@ -26,6 +27,7 @@ from app.body import parse as parse_body
 from app.errors import (
     BadRequest,
     Conflict,
+    Gone,
     NotFound,
     PayloadTooLarge,
     ServiceUnavailable,
@@ -39,13 +41,13 @@ from app.queue import QueueCounts
 from app.schemas import ListQuery, complete_params, field_errors, parse_job
 from app.services import extension, services
 from app.waiting import Waiters, prefer_wait
-from models import Job, JobStatus, Stage, cache, logs, states
+from models import Job, JobStatus, Stage, cache, logs, retention, states
 from models.base import utcnow
 from models.db import autocommit, read_only, transaction
 from models.job import TERMINAL
 from models.media_links import VARIANTS
 from models.resource import job_resource
-from tasks.contract.names import THUMBNAIL_NAME, stage_task_id
+from tasks.contract.names import THUMBNAIL_NAME, job_dir, stage_task_id
 from tasks.contract.publish import publish_compensation, publish_job
 from tasks.contract.transient import is_transient
 
@@ -119,7 +121,8 @@ def queue_positions(session: Session, jobs: list[Job]) -> dict[uuid.UUID, int]:
 def resource_of(job: Job, position: int | None) -> dict[str, Any]:
     """The job resource as this API answers it: its links, signed ones included."""
     base = services().settings.public_base_url.rstrip("/")
-    return job_resource(job, base, position, media.signer(), media.signed_base_url())
+    signer, signed_base = media.signer(), media.signed_base_url()
+    return job_resource(job, base, position, signer, signed_base, services().settings.retention_s)
 
 
 def _resource(session: Session, job: Job) -> dict[str, Any]:
@@ -351,29 +354,55 @@ def list_jobs() -> Response:
 
 @bp.post("/jobs/<job_id>/cancel")
 def cancel_job(job_id: str) -> Response:
-    svc = services()
-    with transaction(svc.sessions) as s:
+    with transaction(services().sessions) as s:
         job = _load(s, job_id)  # ownership first: another tenant's job is a 404
         jid = job.id
-        canceled = states.cancel(s, jid)
-        s.refresh(job)
+        canceled, heir = _cancel(s, job)
         if not canceled and job.status != JobStatus.CANCELED:
             raise Conflict(
                 f"The job already {job.status}; it cannot be canceled.", extra={"job_status": job.status}
             )
-        # Identical jobs waiting on this one must not lose their computation with it.
-        heir = cache.promote_follower(s, jid) if canceled else None
         resource = _resource(s, job)
+    _after_cancel(jid, canceled, heir)
+    return jsonify(resource)
+
+
+@bp.delete("/jobs/<job_id>")
+def delete_job(job_id: str) -> Response:
+    """Cancel if active, remove the outputs, prompt and files; the row stays for usage (204, idempotent)."""
+    svc = services()
+    with transaction(svc.sessions) as s:
+        job = _load(s, job_id)  # another tenant's job is a 404, like a missing one
+        jid = job.id
+        canceled, heir = _cancel(s, job)
+        retention.mark_removed(s, [jid])  # a no-op the second time: DELETE is idempotent
+    _after_cancel(jid, canceled, heir)
+    # Marked first, so nothing serves or reuses the files while they go; a video stage still
+    # writing when canceled leaves files its compensation removes.
+    shutil.rmtree(job_dir(services().artifact_dir, jid), ignore_errors=True)
+    return Response(status=204)
+
+
+def _cancel(s: Session, job: Job) -> tuple[bool, Job | None]:
+    """Cancel the job if still active; (whether this call did, the follower computing instead)."""
+    canceled = states.cancel(s, job.id)
+    s.refresh(job)
+    # Identical jobs waiting on this one must not lose their computation with it.
+    heir = cache.promote_follower(s, job.id) if canceled else None
+    return canceled, heir
+
+
+def _after_cancel(jid: uuid.UUID, canceled: bool, heir: Job | None) -> None:
+    """After the cancel committed: stop its messages, compensate, publish the heir."""
     if canceled:
         _revoke(str(jid))
         _request_compensation(jid)
     if heir is not None:
         try:
-            publish_job(svc.celery, heir.id, heir.modality, heir.priority)
+            publish_job(services().celery, heir.id, heir.modality, heir.priority)
             _published().add(heir.id)  # recorded like a submit's
         except Exception:  # the heir stays queued with no published_at: the reaper republishes it
             log.exception("follower %s of canceled job %s could not be published", heir.id, jid)
-    return jsonify(resource)
 
 
 def _request_compensation(job_id: uuid.UUID) -> None:
@@ -398,6 +427,8 @@ def content(job_id: str) -> Response:
     svc = services()
     with svc.sessions() as s:
         job = _load(s, job_id)
+    if job.data_removed_at is not None:
+        raise Gone(f"Job {job_id}'s outputs were removed (expired or deleted).")
     # An empty `?variant=` is invalid like any other value off the list, not the default.
     variant = request.args.get("variant", "video" if job.modality == "video" else "text")
     if variant not in VARIANTS:

@@ -8,7 +8,7 @@ from pathlib import PurePosixPath
 
 from flask import Blueprint, Response, request, send_from_directory
 
-from app.errors import Forbidden, NotFound
+from app.errors import Forbidden, Gone, NotFound
 from app.services import services
 from models import Job, JobStatus
 from models.db import read_only
@@ -69,6 +69,8 @@ def media(job_id: str, variant: str) -> Response:
         job = s.get(Job, jid)
     if job is None or variant not in VARIANTS:
         raise _gone(job_id, variant)
+    if job.data_removed_at is not None:
+        raise Gone(f"Job {job_id}'s outputs were removed (expired or deleted).")
     if variant == "text":
         if job.output_text is None:
             raise _gone(job_id, variant)

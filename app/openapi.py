@@ -92,6 +92,7 @@ def _paths() -> dict[str, Any]:
         submit["responses"][code]["links"] = {
             "GetJob": {"operationId": "getJob", **job_link},
             "CancelJob": {"operationId": "cancelJob", **job_link},
+            "DeleteJob": {"operationId": "deleteJob", **job_link},
             "GetJobContent": {"operationId": "getJobContent", **job_link},
             "GetJobEvents": {"operationId": "getJobEvents", **job_link},
         }
@@ -117,7 +118,14 @@ def _paths() -> dict[str, Any]:
                 },
                 job_id,
                 param("If-None-Match", "header", text),
-            )
+            ),
+            "delete": op(
+                "deleteJob",
+                "Delete a job's data (idempotent): cancel it if active, remove its outputs, prompt and "
+                "files; the job stays listed, `data_removed: true`, and counts in usage",
+                {"204": {"description": "Deleted (now or before)"}, **problems(404)},
+                job_id,
+            ),
         },
         "/v1/jobs/{job_id}/cancel": {
             "post": op(
@@ -139,7 +147,7 @@ def _paths() -> dict[str, Any]:
                         "headers": {"Content-Range": {"schema": text}},
                     },
                     "304": {"description": "Not modified"},
-                    **problems(404, 409, 422),
+                    **problems(404, 409, 410, 422),
                     **unsatisfiable,
                 },
                 job_id,
@@ -222,7 +230,7 @@ def _media(job_id: Any, variants: Any, binary: Any, unsatisfiable: Any) -> Any:
     }
     forbidden = problems(403)
     forbidden["403"]["description"] = "The signature does not match (altered link, retired key) or it expired"
-    gone = problems(404)
+    gone = problems(404, 410)
     gone["404"]["description"] = "The job or its output no longer exists, or signed links are off"
     found = {"description": "The bytes", "content": binary, "headers": cache}
     partial = {

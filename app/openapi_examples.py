@@ -79,6 +79,8 @@ QUEUED_JOB: dict[str, Any] = {
     "source_job_id": None,
     "timings": _TIMINGS_QUEUED,
     "metadata": {"order": "A-1021"},
+    "expires_at": None,
+    "data_removed": False,
 }
 SUCCEEDED_JOB: dict[str, Any] = QUEUED_JOB | {
     "status": "succeeded",
@@ -106,6 +108,7 @@ SUCCEEDED_JOB: dict[str, Any] = QUEUED_JOB | {
         "video_s": 26.4,
         "gpu_s": 29.2,
     },
+    "expires_at": "2026-12-09T03:00:31Z",
 }
 
 
@@ -119,6 +122,7 @@ PROBLEMS: dict[int, dict[str, Any]] = {
     401: _problem(401, "Unauthorized", "unauthorized", "Missing or invalid API key."),
     404: _problem(404, "Not Found", "not-found", f"No job with id {_ID}."),
     409: _problem(409, "Conflict", "conflict", "The job has finished: it can no longer be canceled."),
+    410: _problem(410, "Gone", "data-removed", f"Job {_ID}'s outputs were removed (expired or deleted)."),
     422: _problem(
         422,
         "Validation Failed",

@@ -69,6 +69,14 @@ class Job(_Doc):
     source_job_id: str | None = Field(description="The identical job a cached one reused; else null.")
     timings: JobTimings
     metadata: dict[str, str]
+    expires_at: str | None = Field(
+        description="When the finished job's outputs, prompt and files are removed (UTC; "
+        "`retention_s` after completed_at); null while the job is active or when nothing expires."
+    )
+    data_removed: bool = Field(
+        description="The outputs, prompt and files were removed (expired, or DELETE); content and "
+        "signed links answer 410. The job still counts in usage."
+    )
 
 
 class JobList(_Doc):

@@ -22,6 +22,7 @@ _REASONS = {
     403: "Beyond the tenant's plan (the limits are named)",
     404: "No such job (or other resource)",
     409: "Conflicting state",
+    410: "The job's data was removed (expired, or deleted)",
     413: "Body too large",
     415: "Body is not JSON",
     416: "Range not satisfiable (see Content-Range)",

@@ -103,7 +103,10 @@ def find_source(
     Call inside the submit transaction; on Postgres it holds the key's lock until commit.
     """
     _lock_key(session, key)
-    usable: ColumnElement[bool] = Job.status.in_([JobStatus.SUCCEEDED, *ACTIVE])
+    # A job whose data was removed (models.retention) has no key any more; checked anyway.
+    usable: ColumnElement[bool] = and_(
+        Job.status.in_([JobStatus.SUCCEEDED, *ACTIVE]), Job.data_removed_at.is_(None)
+    )
     if tenant_id is not None:
         usable = and_(usable, Job.tenant_id == tenant_id)
     done_first = case((Job.status == JobStatus.SUCCEEDED, 0), else_=1)

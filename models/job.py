@@ -7,7 +7,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import BigInteger, Boolean, Float, ForeignKey, Index, Integer, String, Text, Uuid, false
+from sqlalchemy import BigInteger, Boolean, Float, ForeignKey, Index, Integer, String, Text, Uuid, false, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from models.base import Base, JSONType, UTCDateTime, utcnow
@@ -96,6 +96,9 @@ class Job(Base):
     video_model: Mapped[str | None] = mapped_column(String(255))
     tokens_generated: Mapped[int | None] = mapped_column(Integer)  # the text stage's output tokens
     frames_rendered: Mapped[int | None] = mapped_column(Integer)  # the video stage's output frames
+    # Retention and deletion (models.retention): when the job's files, output text and prompt were
+    # removed (expired, or DELETE /v1/jobs/{id}); the row stays, its usage columns intact.
+    data_removed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
 
     __table_args__ = (
         # Listing is newest first with an id tie-break; status filter uses the same order.
@@ -105,6 +108,12 @@ class Job(Base):
         Index("ix_jobs_tenant_created", "tenant_id", "created_at", "id"),
         Index("ix_jobs_tenant_status", "tenant_id", "status"),
         Index("ix_jobs_completed_at", "completed_at"),
+        # The retention task's scan: finished jobs whose data is still there, oldest first.
+        Index(
+            "ix_jobs_retention",
+            "completed_at",
+            postgresql_where=text("data_removed_at IS NULL AND completed_at IS NOT NULL"),
+        ),
         Index("ix_jobs_status_deadline", "status", "deadline_at"),
         # Queue position: queued jobs counted by priority and age, from the index alone.
         Index("ix_jobs_status_priority_created", "status", "priority", "created_at"),

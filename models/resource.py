@@ -7,6 +7,7 @@ from typing import Any
 
 from models.job import Job, JobStatus, Modality
 from models.media_links import MediaSigner
+from models.retention import expires_at
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -41,6 +42,7 @@ def job_resource(
     queue_position: int | None = None,
     signer: MediaSigner | None = None,
     signed_base_url: str = "",
+    retention_s: int | None = None,
 ) -> dict[str, Any]:
     """The job as GET /v1/jobs/{id} returns it; signed links (absolute: `signed_base_url`) with a signer."""
     ready = job.status == JobStatus.SUCCEEDED
@@ -86,4 +88,7 @@ def job_resource(
             "gpu_s": round(sum(gpu), 3) if gpu else None,
         },
         "metadata": job.meta or {},
+        # Retention (models.retention): when the outputs go, and whether they have.
+        "expires_at": _iso(expires_at(job, retention_s)),
+        "data_removed": job.data_removed_at is not None,
     }

@@ -206,6 +206,19 @@ class Settings(BaseSettings):
     )
     max_recoveries: int = Field(3, description="Reaper interventions per job before it fails the job.")
     reaper_interval_s: float = Field(30.0, description="How often the reaper (beat) runs.")
+    retention_s: int = Field(
+        7 * 24 * 3600,
+        ge=0,
+        description="How long a finished job's outputs are kept: its `expires_at` is `completed_at` plus "
+        "this; then the retention task removes its files, output text and prompt (the row stays for "
+        "usage). 0 keeps them forever. Changing it moves `expires_at` of every finished job.",
+    )
+    retention_interval_s: float = Field(
+        300.0, gt=0, description="How often the retention task (beat) removes expired jobs' data."
+    )
+    retention_batch: int = Field(
+        100, ge=1, description="Expired jobs the retention task removes per run: a backlog drains over runs."
+    )
     lost_message_after_s: int = Field(
         120,
         description=(

@@ -96,7 +96,7 @@ def celery_config(s: Settings) -> dict[str, Any]:
         # link); Flower shows a task from "received" on instead of from "sent".
         "task_send_sent_event": False,
         "worker_hijack_root_logger": False,
-        "include": ["tasks.pipeline", "tasks.maintenance", "tasks.webhooks"],
+        "include": ["tasks.pipeline", "tasks.maintenance", "tasks.retention", "tasks.webhooks"],
         # celery beat: stuck jobs re-enqueued or failed, expired idempotency keys dropped, and
         # webhook messages a crash left unsent picked up again.
         "beat_schedule": {
@@ -104,6 +104,13 @@ def celery_config(s: Settings) -> dict[str, Any]:
                 "task": names.REAP_STUCK_JOBS,
                 "schedule": s.reaper_interval_s,
                 "options": {"expires": s.reaper_interval_s},
+            },
+            # Expired jobs' data removed in bounded batches (tasks.retention); one run at a time
+            # is enough, a second one by accident takes other jobs.
+            "expire-artifacts": {
+                "task": names.EXPIRE_ARTIFACTS,
+                "schedule": s.retention_interval_s,
+                "options": {"expires": s.retention_interval_s},
             },
             # A backlog of relay ticks is worth one tick.
             "relay-webhooks": {

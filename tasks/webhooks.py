@@ -92,13 +92,13 @@ def _lock_args(job_id: uuid.UUID) -> dict[str, int]:
     return {"ns": _LOCK_NS, "k": job_id.int & 0x7FFFFFFF}
 
 
-def render(message: WebhookMessage, base_url: str) -> str:
+def render(message: WebhookMessage, base_url: str, retention_s: int | None = None) -> str:
     """The payload {type, id, timestamp, data}; data is the job resource as the event left it."""
     payload = {
         "type": message.type,
         "id": message.webhook_id,
         "timestamp": message.created_at.isoformat().replace("+00:00", "Z"),
-        "data": job_resource(job_from_snapshot(message.snapshot), base_url),
+        "data": job_resource(job_from_snapshot(message.snapshot), base_url, retention_s=retention_s),
     }
     return json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
 
@@ -133,7 +133,7 @@ def fan_out(sessions: sessionmaker[Session], settings: Settings, job_id: uuid.UU
         endpoints = s.scalars(endpoints_for(job_id, tenant_id)).all()
         now, base, made = utcnow(), settings.public_base_url.rstrip("/"), 0
         for msg in messages:
-            msg.body, msg.fanned_out_at = render(msg, base), now
+            msg.body, msg.fanned_out_at = render(msg, base, settings.retention_s), now
             for ep in endpoints:
                 if ep.wants(msg.type):
                     s.add(

@@ -73,7 +73,7 @@ def api_schema(fuzz_app, api_key) -> OpenApiSchema:
 
 # Operations with inputs get invalid ones too; the rest have nothing to get wrong.
 WITH_INPUTS = [
-    ("POST", "/v1/jobs"), ("GET", "/v1/jobs"), ("GET", "/v1/jobs/{job_id}"),
+    ("POST", "/v1/jobs"), ("GET", "/v1/jobs"), ("GET", "/v1/jobs/{job_id}"), ("DELETE", "/v1/jobs/{job_id}"),
     ("POST", "/v1/jobs/{job_id}/cancel"), ("GET", "/v1/jobs/{job_id}/content"),
     ("GET", "/v1/jobs/{job_id}/events"),
     ("GET", "/v1/jobs/{job_id}/webhook-deliveries"),
