@@ -17,6 +17,7 @@ from app import (
     events,
     headers,
     health,
+    job_control,
     jobs,
     limits,
     media,
@@ -86,6 +87,7 @@ def create_app(
     limits.init_app(app, settings)
     admission.init_app(app, settings, app.extensions[EXTENSION].sessions)
     app.register_blueprint(jobs.bp)
+    app.register_blueprint(job_control.bp)
     app.register_blueprint(events.bp)
     app.register_blueprint(health.bp)
     app.register_blueprint(openapi.bp)

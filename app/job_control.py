@@ -1,0 +1,91 @@
+"""Cancel and delete a job: the state change, then revoke, compensate, hand the work to an identical job."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import uuid
+
+from flask import Blueprint, Response, jsonify
+from sqlalchemy.orm import Session
+
+from app.errors import Conflict
+from app.jobs import _load, _published, _resource
+from app.services import services
+from models import Job, JobStatus, Stage, cache, retention, states
+from models.db import transaction
+from tasks.contract.names import job_dir, stage_task_id
+from tasks.contract.publish import publish_compensation, publish_job
+
+log = logging.getLogger("genqueue.api")
+bp = Blueprint("job_control", __name__, url_prefix="/v1")
+
+
+@bp.post("/jobs/<job_id>/cancel")
+def cancel_job(job_id: str) -> Response:
+    with transaction(services().sessions) as s:
+        job = _load(s, job_id)  # ownership first: another tenant's job is a 404
+        jid = job.id
+        canceled, heir = _cancel(s, job)
+        if not canceled and job.status != JobStatus.CANCELED:
+            raise Conflict(
+                f"The job already {job.status}; it cannot be canceled.", extra={"job_status": job.status}
+            )
+        resource = _resource(s, job)
+    _after_cancel(jid, canceled, heir)
+    return jsonify(resource)
+
+
+@bp.delete("/jobs/<job_id>")
+def delete_job(job_id: str) -> Response:
+    """Cancel if active, remove the outputs, prompt and files; the row stays for usage (204, idempotent)."""
+    svc = services()
+    with transaction(svc.sessions) as s:
+        job = _load(s, job_id)  # another tenant's job is a 404, like a missing one
+        jid = job.id
+        canceled, heir = _cancel(s, job)
+        retention.mark_removed(s, [jid])  # a no-op the second time: DELETE is idempotent
+    _after_cancel(jid, canceled, heir)
+    # Marked first, so nothing serves or reuses the files while they go; a video stage still
+    # writing when canceled leaves files its compensation removes.
+    shutil.rmtree(job_dir(services().artifact_dir, jid), ignore_errors=True)
+    return Response(status=204)
+
+
+def _cancel(s: Session, job: Job) -> tuple[bool, Job | None]:
+    """Cancel the job if still active; (whether this call did, the follower computing instead)."""
+    canceled = states.cancel(s, job.id)
+    s.refresh(job)
+    # Identical jobs waiting on this one must not lose their computation with it.
+    heir = cache.promote_follower(s, job.id) if canceled else None
+    return canceled, heir
+
+
+def _after_cancel(jid: uuid.UUID, canceled: bool, heir: Job | None) -> None:
+    """After the cancel committed: stop its messages, compensate, publish the heir."""
+    if canceled:
+        _revoke(str(jid))
+        _request_compensation(jid)
+    if heir is not None:
+        try:
+            publish_job(services().celery, heir.id, heir.modality, heir.priority)
+            _published().add(heir.id)  # recorded like a submit's
+        except Exception:  # the heir stays queued with no published_at: the reaper republishes it
+            log.exception("follower %s of canceled job %s could not be published", heir.id, jid)
+
+
+def _request_compensation(job_id: uuid.UUID) -> None:
+    """Best effort: a worker removes the job's files now; otherwise the reaper does, later."""
+    try:
+        publish_compensation(services().celery, job_id)
+    except Exception as exc:
+        log.warning("compensation of canceled job %s not queued (the reaper will): %s", job_id, exc)
+
+
+def _revoke(job_id: str) -> None:
+    """Best effort: workers skip these messages; a running stage notices the status itself."""
+    ids = [stage_task_id(job_id, stage) for stage in Stage]
+    try:
+        services().celery.control.revoke(ids)
+    except Exception as exc:
+        log.warning("revoke of %s failed (the job is canceled anyway): %s", ids, exc)
