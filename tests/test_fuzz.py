@@ -332,14 +332,15 @@ def test_cli_checks_all(live_api, api_key, public_test_hosts, answers, tmp_path,
     accepted = '["2xx", "3xx", "401", "403", "404", "409", "410", "429", "5xx"]'
     config.write_text(
         f'[auth.openapi.bearerAuth]\nbearer = "{api_key}"\n\n'
-        f"[checks.positive_data_acceptance]\nexpected-statuses = {accepted}\n\n"
-        # DELETE /v1/jobs/{id} keeps the job visible by design (`data_removed: true`, like an
-        # expired job: its row stays for usage), so a later GET of it or its deliveries is a
-        # 200, which "use after free" reports. Revisit if DELETE is to hide the job (docs/API.md).
-        "[checks.use_after_free]\nenabled = false\n"
+        f"[checks.positive_data_acceptance]\nexpected-statuses = {accepted}\n"
     )
     args = [
         "--config-file", str(config), "run", f"{live_api}/openapi.json", "--checks", "all",
+        # DELETE /v1/jobs/{id} keeps the job visible by design (`data_removed: true`, like an
+        # expired job: its row stays for usage), so a later GET of it or its deliveries is a 200,
+        # which "use after free" reports. Revisit if DELETE is to hide the job (docs/API.md). Off
+        # on the command line: there `--checks all` outranks a config file's `enabled = false`.
+        "--exclude-checks", "use_after_free",
         "--max-examples", str(CLI_EXAMPLES), *(["--seed", CLI_SEED] if CLI_SEED else DETERMINISTIC),
         "--workers", "2", "--request-timeout", "10", "--no-color", "--output-sanitize", "false",
     ]  # fmt: skip
