@@ -34,8 +34,8 @@ class Settings(BaseSettings):
     )
     artifact_dir: Path = Field(
         Path("var/artifacts"),
-        description="Where MP4s and thumbnails are written; shared by the web processes and the video "
-        "workers.",
+        description="Where MP4s, PNG/WebP images and thumbnails are written; shared by the web processes "
+        "and the video and image workers.",
     )
     public_base_url: str = Field(
         "",
@@ -78,6 +78,11 @@ class Settings(BaseSettings):
         description="`wan-tiny`, `echo` (zero cost), a registered name, or a local diffusers "
         "text-to-video directory.",
     )
+    image_model: str = Field(
+        "sana-tiny",
+        description="`sana-tiny` (a random-weight SanaPipeline), `echo` (zero cost), a registered name, "
+        "or a local diffusers text-to-image directory (e.g. Sana_600M_1024px_diffusers).",
+    )
     text_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto",
         description="The text model's dtype: `auto`, `float32`, `bfloat16` or `float16`. `auto`: "
@@ -86,12 +91,12 @@ class Settings(BaseSettings):
     )
     worker_preload: str = Field(
         "",
-        description="`text`, `video` or `text,video`: load those models when the worker process starts, "
-        "not at its first task.",
+        description="`text`, `video`, `image` or a list such as `text,video`: load those models when the "
+        "worker process starts, not at its first task.",
     )
     echo_step_seconds: float = Field(
         0.0,
-        description="The `echo` video adapter sleeps this long per step, so tests can catch a task "
+        description="The `echo` video and image adapters sleep this long per step, so tests can catch a task "
         "mid-run; read when each batch runs.",
     )
     worker_task_events: bool = Field(
@@ -179,6 +184,8 @@ class Settings(BaseSettings):
     text_time_limit_s: int = Field(360, description="Text task hard time limit (the pool kills the task).")
     video_soft_time_limit_s: int = Field(1800, description="Video task soft time limit.")
     video_time_limit_s: int = Field(1900, description="Video task hard time limit.")
+    image_soft_time_limit_s: int = Field(600, description="Image task soft time limit.")
+    image_time_limit_s: int = Field(660, description="Image task hard time limit.")
     max_retries: int = Field(3, description="Retries of a transient (model) failure per stage.")
     retry_backoff_s: float = Field(2.0, description="First retry countdown; doubles per attempt.")
     retry_backoff_max_s: float = Field(300.0, description="Upper bound of the retry countdown.")
@@ -238,6 +245,9 @@ class Settings(BaseSettings):
     degraded_video_model: str = Field(
         "", description="A cheaper video model for degraded retries; empty: the same model."
     )
+    degraded_image_model: str = Field(
+        "", description="A cheaper image model for degraded retries; empty: the same model."
+    )
     idempotency_ttl_s: int = Field(24 * 3600, description="How long an `Idempotency-Key` is remembered.")
 
     # -- webhooks (docs/WEBHOOKS.md)
@@ -270,6 +280,10 @@ class Settings(BaseSettings):
     )
     video_batch_max_size: int = Field(4, description="Most same-shaped video requests in one model call.")
     video_batch_max_wait_ms: float = Field(200.0, description="Longest a video job waits for batch-mates.")
+    image_batch_max_size: int = Field(
+        4, description="Most same-shaped image jobs in one model call (each brings its `num_images`)."
+    )
+    image_batch_max_wait_ms: float = Field(200.0, description="Longest an image job waits for batch-mates.")
 
     # -- result cache (models.cache) and waiting
     cache_enabled: bool = Field(
@@ -328,6 +342,13 @@ class Settings(BaseSettings):
     default_num_frames: int = Field(17, description="Video frames when a job does not say.")
     default_fps: int = Field(8, description="Video frames per second when a job does not say.")
     default_steps: int = Field(8, description="Diffusion steps when a job does not say.")
+    default_image_width: int = Field(
+        256, description="Image width when a job does not say (cheap on a CPU; 1024 suits a real Sana)."
+    )
+    default_image_height: int = Field(256, description="Image height when a job does not say.")
+    default_image_guidance: float = Field(
+        4.5, description="Image classifier-free guidance scale when a job does not say (Sana's default)."
+    )
     default_max_new_tokens: int = Field(64, description="Text tokens generated when a job does not say.")
     # Small models loop at temperature 0 ("it is a new beginning" eight times); these keep the
     # text stage's output readable. Both count only the tokens a job generated, never its prompt.
@@ -380,6 +401,9 @@ class Settings(BaseSettings):
     )
     admission_max_video_backlog: int = Field(
         10000, description="Unfinished video jobs above which new video jobs get 503 + Retry-After."
+    )
+    admission_max_image_backlog: int = Field(
+        10000, description="Unfinished image jobs above which new image jobs get 503 + Retry-After."
     )
     admission_max_wait_s: float = Field(
         0.0, description="New jobs whose estimated wait is over this get 503; `0` turns the check off."

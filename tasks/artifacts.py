@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tasks.contract.names import THUMBNAIL_NAME, VIDEO_NAME, job_dir
-from tasks.media import encode_mp4, write_thumbnail
+from tasks.contract.names import IMAGE_FORMATS, THUMBNAIL_NAME, VIDEO_NAME, image_name, job_dir
+from tasks.media import encode_mp4, write_image, write_thumbnail
 
 
 def write_video(root: Path, job_id: uuid.UUID, frames: np.ndarray, fps: int) -> tuple[str, int]:
@@ -23,6 +23,23 @@ def write_video(root: Path, job_id: uuid.UUID, frames: np.ndarray, fps: int) -> 
     write_thumbnail(frames[len(frames) // 2], str(folder / THUMBNAIL_NAME))
     info = encode_mp4(frames, fps, str(folder / VIDEO_NAME))
     return f"{job_id}/{VIDEO_NAME}", int(info["bytes"])
+
+
+def write_images(root: Path, job_id: uuid.UUID, images: np.ndarray) -> tuple[str, int]:
+    """Write each uint8 (H, W, 3) image of `images` as PNG and WebP, and a thumbnail of the first
+    (each to a temp name, then renamed).
+
+    Returns the first PNG's path relative to `root` (the job's artifact_path) and the size of all
+    the images' files. A redelivery rewrites the same names.
+    """
+    folder = job_dir(root, job_id)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_thumbnail(images[0], str(folder / THUMBNAIL_NAME))
+    size = 0
+    for index, image in enumerate(images):
+        for fmt in IMAGE_FORMATS:
+            size += write_image(image, str(folder / image_name(index, fmt)), fmt)
+    return f"{job_id}/{image_name(0)}", size
 
 
 def remove_job_dir(root: Path, job_id: uuid.UUID) -> bool:

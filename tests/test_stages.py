@@ -62,8 +62,8 @@ def test_each_stage_has_one_spec_read_from_settings() -> None:
 
 
 def test_unknown_stage_is_named() -> None:
-    with pytest.raises(ValueError, match="unknown stage 'image'"):
-        spec_for(_settings(), "image")
+    with pytest.raises(ValueError, match="unknown stage 'storyboard'"):
+        spec_for(_settings(), "storyboard")
     assert stage_of_task(names.GENERATE_VIDEO) is Stage.VIDEO
     assert stage_of_task(names.COMPENSATE) is None
 

@@ -8,13 +8,15 @@ from pathlib import Path
 # Queues. GPU stages get their own so each is served by workers sized for its model.
 TEXT_QUEUE = "text"
 VIDEO_QUEUE = "video"
+IMAGE_QUEUE = "image"
 DEFAULT_QUEUE = "default"
 WEBHOOKS_QUEUE = "webhooks"
-ALL_QUEUES = (TEXT_QUEUE, VIDEO_QUEUE, DEFAULT_QUEUE, WEBHOOKS_QUEUE)
+ALL_QUEUES = (TEXT_QUEUE, VIDEO_QUEUE, IMAGE_QUEUE, DEFAULT_QUEUE, WEBHOOKS_QUEUE)
 
 # Task names are part of the wire format: renaming one strands messages already queued.
 GENERATE_TEXT = "genqueue.generate_text"
 GENERATE_VIDEO = "genqueue.generate_video"
+GENERATE_IMAGE = "genqueue.generate_image"
 COMPENSATE = "genqueue.compensate"
 DELIVER_WEBHOOK = "genqueue.deliver_webhook"
 RELAY_WEBHOOKS = "genqueue.relay_webhooks"
@@ -26,6 +28,14 @@ EXPIRE_ARTIFACTS = "genqueue.expire_artifacts"
 # them (tasks.artifacts), the API serves them (app.jobs).
 VIDEO_NAME = "video.mp4"
 THUMBNAIL_NAME = "thumbnail.jpg"
+# An image job's files: image-<index>.png and .webp per image (index 0 .. num_images - 1).
+IMAGE_FORMATS = ("png", "webp")
+IMAGE_MIMETYPES = {"png": "image/png", "webp": "image/webp"}
+
+
+def image_name(index: int, fmt: str = "png") -> str:
+    """The file name of an image job's `index`th image in `fmt` (png | webp)."""
+    return f"image-{index}.{fmt}"
 
 
 def job_dir(root: Path, job_id: uuid.UUID | str) -> Path:
