@@ -9,7 +9,6 @@ import json
 import logging
 import uuid
 from datetime import datetime
-from pathlib import PurePosixPath
 from typing import Any
 
 from flask import Blueprint, Response, current_app, jsonify, request, send_from_directory
@@ -21,6 +20,7 @@ from sqlalchemy.orm import Session
 
 from app import idempotency, media
 from app.admission import admission
+from app.artifact_files import CONTENT_VARIANTS, DEFAULT_VARIANT, file_of, has_variant, image_query
 from app.auth import current_principal, owned, tenant_id
 from app.body import parse as parse_body
 from app.errors import (
@@ -44,9 +44,8 @@ from models import Job, JobStatus, cache, logs, states
 from models.base import utcnow
 from models.db import autocommit, read_only, transaction
 from models.job import TERMINAL
-from models.media_links import VARIANTS
+from models.media_links import image_count
 from models.resource import job_resource
-from tasks.contract.names import THUMBNAIL_NAME
 from tasks.contract.publish import publish_job
 from tasks.contract.transient import is_transient
 
@@ -359,10 +358,10 @@ def content(job_id: str) -> Response:
     if job.data_removed_at is not None:
         raise Gone(f"Job {job_id}'s outputs were removed (expired or deleted).")
     # An empty `?variant=` is invalid like any other value off the list, not the default.
-    variant = request.args.get("variant", "video" if job.modality == "video" else "text")
-    if variant not in VARIANTS:
+    variant = request.args.get("variant", DEFAULT_VARIANT.get(job.modality, "text"))
+    if variant not in CONTENT_VARIANTS:
         raise ValidationFailed(
-            errors=[{"field": "variant", "message": f"must be one of: {', '.join(VARIANTS)}"}]
+            errors=[{"field": "variant", "message": f"must be one of: {', '.join(CONTENT_VARIANTS)}"}]
         )
     if variant == "text":
         if job.output_text is None:
@@ -370,14 +369,21 @@ def content(job_id: str) -> Response:
                 f"The job is {job.status}; its text is not ready.", extra={"job_status": job.status}
             )
         return _conditional(Response(job.output_text, mimetype="text/plain"))
-    if job.modality != "video":
+    if variant == "image":
+        file_variant, errors = image_query(request.args.get("index"), request.args.get("format"))
+        if file_variant is None:
+            raise ValidationFailed(errors=errors)
+    else:
+        file_variant = variant
+    if not has_variant(job.modality, file_variant):
         raise NotFound(f"A {job.modality} job has no {variant}.")
     if job.status != JobStatus.SUCCEEDED or not job.artifact_path:
         raise Conflict(
             f"The job is {job.status}; its {variant} is not ready.", extra={"job_status": job.status}
         )
-    path = PurePosixPath(job.artifact_path)
-    if variant == "thumbnail":
-        return send_from_directory(svc.artifact_dir, str(path.parent / THUMBNAIL_NAME), mimetype="image/jpeg")
+    found = file_of(job, file_variant)
+    if found is None:
+        raise NotFound(f"The job has {image_count(job.params)} images; there is no {file_variant}.")
+    name, mimetype = found
     # conditional=True (the default, spelled out): Range -> 206, Accept-Ranges, ETag, 304.
-    return send_from_directory(svc.artifact_dir, str(path), mimetype="video/mp4", conditional=True)
+    return send_from_directory(svc.artifact_dir, name, mimetype=mimetype, conditional=True)

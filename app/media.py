@@ -1,19 +1,18 @@
-"""/v1/media: a job's content through a signed, expiring link, no API key (a `<video src>`)."""
+"""/v1/media: a job's content through a signed, expiring link, no API key (`<video src>`, `<img src>`)."""
 
 from __future__ import annotations
 
 import hashlib
 import uuid
-from pathlib import PurePosixPath
 
 from flask import Blueprint, Response, request, send_from_directory
 
+from app.artifact_files import file_of, has_variant
 from app.errors import Forbidden, Gone, NotFound
 from app.services import services
-from models import Job, JobStatus
+from models import Job
 from models.db import read_only
 from models.media_links import VARIANTS, MediaSigner
-from tasks.contract.names import THUMBNAIL_NAME
 
 bp = Blueprint("media", __name__, url_prefix="/v1")
 
@@ -67,7 +66,7 @@ def media(job_id: str, variant: str) -> Response:
     svc = services()
     with read_only(svc.sessions) as s:
         job = s.get(Job, jid)
-    if job is None or variant not in VARIANTS:
+    if job is None or not (variant in VARIANTS or has_variant(job.modality, variant)):
         raise _gone(job_id, variant)
     if job.data_removed_at is not None:
         raise Gone(f"Job {job_id}'s outputs were removed (expired or deleted).")
@@ -78,14 +77,10 @@ def media(job_id: str, variant: str) -> Response:
         resp.set_etag(hashlib.sha256(job.output_text.encode()).hexdigest()[:32])
         resp.make_conditional(request)
         return _cached(resp, max_age)
-    if job.modality != "video" or job.status != JobStatus.SUCCEEDED or not job.artifact_path:
+    found = file_of(job, variant)
+    if found is None:
         raise _gone(job_id, variant)
-    path = PurePosixPath(job.artifact_path)
-    name, mimetype = (
-        (str(path.parent / THUMBNAIL_NAME), "image/jpeg")
-        if variant == "thumbnail"
-        else (str(path), "video/mp4")
-    )
+    name, mimetype = found
     # conditional: Range -> 206 (416 beyond the end), Accept-Ranges, ETag, 304; a file removed
     # since (the job's outputs cleaned up) is werkzeug's 404, answered as problem+json.
     resp = send_from_directory(svc.artifact_dir, name, mimetype=mimetype, conditional=True)

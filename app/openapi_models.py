@@ -13,6 +13,16 @@ class _Doc(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class JobImage(_Doc):
+    """One image of an image job, in both formats it is written in."""
+
+    index: int = Field(ge=0, le=3)
+    png_url: str
+    webp_url: str = Field(description="The same pixels, lossless WebP.")
+    png_signed_url: str | None = Field(description="No API key needed (an `<img src>`); null without a key.")
+    webp_signed_url: str | None
+
+
 class JobOutputs(_Doc):
     text: str | None
     text_url: str | None
@@ -27,6 +37,10 @@ class JobOutputs(_Doc):
     )
     thumbnail_signed_url: str | None = Field(description="Absolute link to the JPEG thumbnail, no API key.")
     signed_urls_expire_at: str | None = Field(description="When the signed links stop working (UTC).")
+    images: list[JobImage] | None = Field(
+        description="A succeeded image job's `num_images` images; null for other jobs and until then. "
+        "thumbnail_url is the first image's."
+    )
 
 
 class JobError(_Doc):
@@ -43,6 +57,7 @@ class JobTimings(_Doc):
     queue_s: float | None
     text_s: float | None
     video_s: float | None
+    image_s: float | None
     gpu_s: float | None
 
 
@@ -52,10 +67,10 @@ class Job(_Doc):
     id: str
     object: Literal["job"]
     status: Status
-    stage: Literal["text", "video"] | None
+    stage: Literal["text", "video", "image"] | None
     progress: int = Field(ge=0, le=100)
     queue_position: int | None = Field(description="1-based place among queued jobs; null unless queued.")
-    modality: Literal["text", "video"]
+    modality: Literal["text", "video", "image"]
     prompt: str
     params: dict[str, Any] = Field(description="Complete: every omitted param filled with its default.")
     priority: Literal["high", "normal", "low"]
@@ -63,7 +78,7 @@ class Job(_Doc):
     error: JobError | None
     attempts: int = Field(description="Runs of the current stage: retries and redeliveries included.")
     degraded: dict[str, Any] | None = Field(
-        description="Set when the video stage was retried at a lower cost: reason, from, to."
+        description="Set when the video or image stage was retried at a lower cost: reason, from, to."
     )
     cached: bool = Field(description="Answered from an identical earlier job, not computed again.")
     source_job_id: str | None = Field(description="The identical job a cached one reused; else null.")
@@ -123,17 +138,19 @@ class UsageJobs(_Doc):
 class UsageGpu(_Doc):
     text: float = Field(description="GPU seconds of the text stage: every attempt's share, retries included.")
     video: float = Field(description="GPU seconds of the video stage, likewise.")
+    image: float = Field(description="GPU seconds of the image stage, likewise.")
     total: float
 
 
 class UsageGroup(_Doc):
     key: str = Field(description="`YYYY-MM-DD` (UTC), the modality, or `<stage>:<model>` (`-`: none ran).")
-    stage: Literal["text", "video"] | None = Field(None, description="group_by=model only.")
+    stage: Literal["text", "video", "image"] | None = Field(None, description="group_by=model only.")
     model: str | None = Field(None, description="group_by=model only; null: no model ran that stage.")
     jobs: UsageJobs
     gpu_s: UsageGpu
     tokens: int
     frames: int
+    images: int
     cache_hits: int = Field(description="Jobs answered by an identical one: cached copies and followers.")
 
 
@@ -142,6 +159,7 @@ class UsageTotals(_Doc):
     gpu_s: UsageGpu
     tokens: int = Field(description="Tokens the text model generated.")
     frames: int = Field(description="Frames the video model rendered.")
+    images: int = Field(description="Images the image model rendered.")
     cache_hits: int = Field(description="Jobs answered by an identical one: cached copies and followers.")
 
 

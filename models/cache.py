@@ -60,6 +60,9 @@ def model_versions(settings: Settings, modality: str) -> str:
     if modality == Modality.VIDEO:
         parts.append(f"video={settings.video_model}@{spec_version(settings.video_model)}")
         kinds.append("video")
+    elif modality == Modality.IMAGE:
+        parts.append(f"image={settings.image_model}@{spec_version(settings.image_model)}")
+        kinds.append("image")
     libs = sorted({lib for k in kinds for lib in catalog.LIBRARIES[k]})
     parts += [f"{lib}={_dist_version(lib)}" for lib in libs]
     parts.append(f"cache={settings.cache_version}")
@@ -116,7 +119,7 @@ def find_source(
     for job in session.scalars(stmt):
         if (
             job.status == JobStatus.SUCCEEDED
-            and job.modality == Modality.VIDEO
+            and job.modality in (Modality.VIDEO, Modality.IMAGE)
             and not _present(job, artifact_dir)
         ):
             continue  # artifacts expire or get removed: a result whose file is gone is not a hit

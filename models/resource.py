@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from models.job import Job, JobStatus, Modality
-from models.media_links import MediaSigner
+from models.media_links import IMAGE_FORMATS, MediaSigner, image_count, image_variant
 from models.retention import expires_at
 
 
@@ -19,20 +19,38 @@ def _seconds(start: datetime | None, end: datetime | None) -> float | None:
 
 
 def _signed(
-    job: Job, signer: MediaSigner | None, base_url: str, has_text: bool, has_video: bool
+    job: Job, signer: MediaSigner | None, base_url: str, has_text: bool, has_video: bool, has_thumbnail: bool
 ) -> dict[str, str | None]:
     """Links that work without an API key until `signed_urls_expire_at`; null without a signer."""
     out: dict[str, str | None] = dict.fromkeys(
         ("text_signed_url", "video_signed_url", "thumbnail_signed_url", "signed_urls_expire_at")
     )
-    if signer is None or not (has_text or has_video):
+    if signer is None or not (has_text or has_thumbnail):
         return out
     expires = signer.expires()
-    base = f"{base_url.rstrip('/')}/v1/media/{job.id}"
-    for variant, present in (("text", has_text), ("video", has_video), ("thumbnail", has_video)):
+    for variant, present in (("text", has_text), ("video", has_video), ("thumbnail", has_thumbnail)):
         if present:
-            out[f"{variant}_signed_url"] = f"{base}/{variant}?{signer.query(job.id, variant, expires)}"
+            out[f"{variant}_signed_url"] = _signed_url(job, signer, base_url, variant, expires)
     out["signed_urls_expire_at"] = _iso(datetime.fromtimestamp(expires, UTC))
+    return out
+
+
+def _signed_url(job: Job, signer: MediaSigner, base_url: str, variant: str, expires: int) -> str:
+    return f"{base_url.rstrip('/')}/v1/media/{job.id}/{variant}?{signer.query(job.id, variant, expires)}"
+
+
+def _images(job: Job, content: str, signer: MediaSigner | None, base_url: str) -> list[dict[str, Any]]:
+    """A finished image job's images: per image its PNG and WebP download (and signed) links."""
+    expires = signer.expires() if signer is not None else 0
+    out = []
+    for index in range(image_count(job.params)):
+        entry: dict[str, Any] = {"index": index}
+        for fmt in IMAGE_FORMATS:
+            entry[f"{fmt}_url"] = f"{content}?variant=image&index={index}&format={fmt}"
+            entry[f"{fmt}_signed_url"] = (
+                _signed_url(job, signer, base_url, image_variant(index, fmt), expires) if signer else None
+            )
+        out.append(entry)
     return out
 
 
@@ -48,8 +66,9 @@ def job_resource(
     ready = job.status == JobStatus.SUCCEEDED
     content = f"{base_url}/v1/jobs/{job.id}/content"
     has_video = bool(ready and job.modality == Modality.VIDEO and job.artifact_path)
+    has_images = bool(ready and job.modality == Modality.IMAGE and job.artifact_path)
     # The usage definition (models.usage): every attempt's GPU share, not the last attempt's wall time.
-    gpu = [s for s in (job.text_gpu_s, job.video_gpu_s) if s is not None]
+    gpu = [s for s in (job.text_gpu_s, job.video_gpu_s, job.image_gpu_s) if s is not None]
     return {
         "id": str(job.id),
         "object": "job",
@@ -65,8 +84,11 @@ def job_resource(
             "text": job.output_text,
             "text_url": f"{content}?variant=text" if job.output_text is not None else None,
             "video_url": f"{content}?variant=video" if has_video else None,
-            "thumbnail_url": f"{content}?variant=thumbnail" if has_video else None,
-            **_signed(job, signer, signed_base_url, job.output_text is not None, has_video),
+            "thumbnail_url": f"{content}?variant=thumbnail" if has_video or has_images else None,
+            **_signed(
+                job, signer, signed_base_url, job.output_text is not None, has_video, has_video or has_images
+            ),
+            "images": _images(job, content, signer, signed_base_url) if has_images else None,
         },
         "error": (
             {"code": job.error_code, "message": job.error_message, "stage": job.error_stage}
@@ -85,6 +107,7 @@ def job_resource(
             "queue_s": _seconds(job.created_at, job.started_at),
             "text_s": job.text_s,
             "video_s": job.video_s,
+            "image_s": job.image_s,
             "gpu_s": round(sum(gpu), 3) if gpu else None,
         },
         "metadata": job.meta or {},

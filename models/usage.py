@@ -83,13 +83,16 @@ def _columns(stage: Stage | None) -> list[Any]:
     zero_f, zero_i = literal(0.0), literal(0)
     text = stage in (None, Stage.TEXT)
     video = stage in (None, Stage.VIDEO)
+    image = stage in (None, Stage.IMAGE)
     return [
         func.count().label("total"),
         *[func.sum(case((Job.status == s.value, 1), else_=0)).label(s.value) for s in JobStatus],
         (func.sum(Job.text_gpu_s) if text else zero_f).label("text_gpu_s"),
         (func.sum(Job.video_gpu_s) if video else zero_f).label("video_gpu_s"),
+        (func.sum(Job.image_gpu_s) if image else zero_f).label("image_gpu_s"),
         (func.sum(Job.tokens_generated) if text else zero_i).label("tokens"),
         (func.sum(Job.frames_rendered) if video else zero_i).label("frames"),
+        (func.sum(Job.images_rendered) if image else zero_i).label("images"),
         func.sum(case((Job.cached.is_(True), 1), else_=0)).label("cache_hits"),
     ]
 
@@ -101,11 +104,14 @@ def _row(row: Row[Any] | None) -> dict[str, Any]:
         return (getattr(row, name) if row is not None else None) or 0
 
     text_s, video_s = round(float(get("text_gpu_s")), 6), round(float(get("video_gpu_s")), 6)
+    image_s = round(float(get("image_gpu_s")), 6)
+    total_s = round(text_s + video_s + image_s, 6)
     return {
         "jobs": {"total": int(get("total")), **{s.value: int(get(s.value)) for s in JobStatus}},
-        "gpu_s": {"text": text_s, "video": video_s, "total": round(text_s + video_s, 6)},
+        "gpu_s": {"text": text_s, "video": video_s, "image": image_s, "total": total_s},
         "tokens": int(get("tokens")),
         "frames": int(get("frames")),
+        "images": int(get("images")),
         "cache_hits": int(get("cache_hits")),
     }
 
@@ -140,7 +146,9 @@ def usage(
         text_rows = _grouped(session, where, Job.text_model, Stage.TEXT).all()
         video_where = [*where, Job.modality == Modality.VIDEO]  # text jobs have no video stage
         video_rows = _grouped(session, video_where, Job.video_model, Stage.VIDEO).all()
-        for stage, rows in ((Stage.TEXT, text_rows), (Stage.VIDEO, video_rows)):
+        image_where = [*where, Job.modality == Modality.IMAGE]
+        image_rows = _grouped(session, image_where, Job.image_model, Stage.IMAGE).all()
+        for stage, rows in ((Stage.TEXT, text_rows), (Stage.VIDEO, video_rows), (Stage.IMAGE, image_rows)):
             for r in rows:
                 key = f"{stage.value}:{r.key if r.key is not None else '-'}"
                 groups.append({"key": key, "stage": stage.value, "model": r.key, **_row(r)})

@@ -5,6 +5,9 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
+from models.media_links import IMAGE_FORMATS as IMAGE_FORMATS  # re-exported: every image's formats
+from models.media_links import image_variant
+
 # Queues. GPU stages get their own so each is served by workers sized for its model.
 TEXT_QUEUE = "text"
 VIDEO_QUEUE = "video"
@@ -28,14 +31,14 @@ EXPIRE_ARTIFACTS = "genqueue.expire_artifacts"
 # them (tasks.artifacts), the API serves them (app.jobs).
 VIDEO_NAME = "video.mp4"
 THUMBNAIL_NAME = "thumbnail.jpg"
-# An image job's files: image-<index>.png and .webp per image (index 0 .. num_images - 1).
-IMAGE_FORMATS = ("png", "webp")
+# An image job's files: image-<index>.png and .webp per image (index 0 .. num_images - 1), named
+# as their signed-link variants are (models.media_links).
 IMAGE_MIMETYPES = {"png": "image/png", "webp": "image/webp"}
 
 
 def image_name(index: int, fmt: str = "png") -> str:
     """The file name of an image job's `index`th image in `fmt` (png | webp)."""
-    return f"image-{index}.{fmt}"
+    return image_variant(index, fmt)
 
 
 def job_dir(root: Path, job_id: uuid.UUID | str) -> Path:
