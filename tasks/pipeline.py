@@ -67,7 +67,8 @@ def _enter_stage(rt: Runtime, job_id: uuid.UUID, stage: Stage) -> Job | None:
 
 @shared_task(bind=True, name=names.GENERATE_TEXT)
 def generate_text(self: Task[[str], None], job_id: str) -> None:
-    """Turn the prompt into text (the final output, or the video stage's shot description)."""
+    """Turn the prompt into text (the final output, the video stage's shot description or the
+    image stage's image prompt)."""
     rt = runtime(self.app)
     jid = uuid.UUID(job_id)
     with failures.infra_retry(self, rt, jid, Stage.TEXT):
@@ -82,8 +83,9 @@ def _text_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID) -> None:
     final, then = is_final(job.modality, Stage.TEXT), next_stage(job.modality, Stage.TEXT)
     meter, model = Meter(), rt.settings.text_model
     started = time.monotonic()
+    charge: states.Charge | None = None
     if p.get("enhance_prompt") is False:
-        # The client's prompt goes to the next stage as written: no model call, nothing charged.
+        # The client's prompt goes to the next stage as written: no model ran, nothing is charged.
         text, tokens = job.prompt, 0
     else:
         request = TextRequest(
@@ -113,6 +115,7 @@ def _text_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID) -> None:
             _charge(rt, jid, Stage.TEXT, meter, model)
             failures.handle(self, rt, job, Stage.TEXT, exc)
         text, tokens = result.text, result.tokens
+        charge = states.Charge(meter.seconds, model)  # in the same UPDATE: once, with the outcome
     seconds = round(time.monotonic() - started, 3)
     with transaction(rt.sessions) as s:
         done = states.complete_text(
@@ -125,8 +128,8 @@ def _text_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID) -> None:
             # Now waiting for the next stage's worker.
             deadline_at=None if final else deadline_in(rt.settings.queued_timeout_s),
             tokens=tokens,
-            charge=states.Charge(meter.seconds, model),  # in the same UPDATE: once, with the outcome
-            next_stage=then or Stage.VIDEO,
+            charge=charge,
+            next_stage=then or Stage.VIDEO,  # `then` is None only for a final text stage
         )
     if done:
         metrics.metrics().stage_duration.labels(Stage.TEXT).observe(seconds)

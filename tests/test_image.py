@@ -66,7 +66,7 @@ def test_enhance_prompt_false_sends_the_prompt_as_written(client, settings, sess
         done = wait_finished(client, _image_job(client, enhance_prompt=False).get_json()["id"])
     assert done["status"] == "succeeded" and done["outputs"]["text"] == "a lighthouse at dusk"
     job = get(sessions, uuid.UUID(done["id"]))
-    assert job.tokens_generated == 0 and not job.text_gpu_s
+    assert job.tokens_generated == 0 and job.text_gpu_s is None and job.text_model is None
 
 
 @pytest.mark.parametrize(

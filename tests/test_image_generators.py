@@ -132,3 +132,11 @@ def test_a_saved_sana_folder_loads_through_the_folder_adapter(tmp_path: Path) ->
     assert gen.spatial_multiple == 32 and gen.version.startswith(tmp_path.name + "@")
     [out] = gen.generate([ImageRequest("x", width=64, height=32, steps=2, seed=0, num_images=2)])
     assert out.error is None and out.images.shape == (2, 32, 64, 3)
+
+
+def test_the_image_instruction_is_no_longer_than_the_one_the_api_counts() -> None:
+    """The API counts a prompt's tokens under SYSTEM_PROMPT (app/prompt_check.py); an image job's
+    text stage renders it under IMAGE_SYSTEM_PROMPT, which must not make it longer."""
+    from tasks.contract.prompt_limit import IMAGE_SYSTEM_PROMPT, SYSTEM_PROMPT
+
+    assert len(IMAGE_SYSTEM_PROMPT.encode()) <= len(SYSTEM_PROMPT.encode())
