@@ -28,6 +28,7 @@ from pydantic_core import PydanticCustomError
 
 from app.body import StorableStr
 from app.webhook_schemas import WebhookSubscription
+from models.media_links import MAX_IMAGES
 from models.settings import Settings
 from models.usage import parse_time
 
@@ -85,7 +86,7 @@ class ImageParams(TextParams):
         None, ge=0, le=20, description="Classifier-free guidance scale. Default: server setting (4.5)."
     )
     num_images: int | None = Field(
-        None, ge=1, le=4, description="Images rendered from the prompt, in one model call. Default: 1."
+        None, ge=1, le=MAX_IMAGES, description="Images rendered from the prompt, one model call. Default: 1."
     )
     enhance_prompt: bool | None = Field(
         None,

@@ -17,7 +17,7 @@ from models.settings import Settings
 VARIANTS = ("video", "text", "thumbnail")
 # An image job's files are variants too: "image-<index>.<format>" (tasks.contract.names.image_name).
 IMAGE_FORMATS = ("png", "webp")
-MAX_IMAGES = 4
+MAX_IMAGES = 4  # the most an image job may ask for (app.schemas), so one digit names each
 _IMAGE_VARIANT = re.compile(r"^image-([0-9])\.(png|webp)$")
 Verdict = Literal["ok", "invalid", "expired"]
 _SALT = "genqueue.media-link"
