@@ -11,9 +11,9 @@ from pydantic import SecretStr
 
 from tests.support.api import assert_problem, submit, wait_finished
 from tests.support.generators import TracedImage, runs
-from tests.support.jobs import broker_idle, event_rows, events, files, get
+from tests.support.jobs import broker_idle, broker_messages, event_rows, events, files, get
 from tests.support.procs import wait_for
-from tests.support.workers import thread_workers
+from tests.support.workers import in_process_worker, thread_workers
 
 GEN = "tests.support.generators"
 SMALL = {"width": 64, "height": 96, "steps": 3, "seed": 11}
@@ -149,6 +149,20 @@ def test_an_identical_image_request_is_a_cache_hit(client, settings, broker) -> 
     for mine, theirs in zip(body["outputs"]["images"], first["outputs"]["images"], strict=True):
         assert client.get(mine["png_url"]).data == client.get(theirs["png_url"]).data
     assert _image_job(client, num_images=2, seed=12).status_code == 202  # another seed computes
+
+
+def test_identical_image_jobs_attach_to_the_running_one(client, celery_app, broker) -> None:
+    leader = _image_job(client, num_images=2, seed=21).get_json()
+    follower = _image_job(client, num_images=2, seed=21).get_json()
+    assert (follower["status"], follower["cached"]) == ("queued", True)
+    assert follower["source_job_id"] == leader["id"]
+    assert len(broker_messages(broker, "text")) == 1  # one computation queued, not two
+    with in_process_worker(celery_app, concurrency=2):
+        done = wait_finished(client, leader["id"])
+        copy = wait_finished(client, follower["id"])
+    assert (done["status"], copy["status"], copy["cached"]) == ("succeeded", "succeeded", True)
+    for mine, theirs in zip(copy["outputs"]["images"], done["outputs"]["images"], strict=True):
+        assert client.get(mine["webp_url"]).data == client.get(theirs["webp_url"]).data
 
 
 def test_cancel_during_the_image_stage_removes_its_files(client, settings, sessions, broker, monkeypatch):
