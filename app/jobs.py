@@ -376,7 +376,7 @@ def content(job_id: str) -> Response:
     else:
         file_variant = variant
     if not has_variant(job.modality, file_variant):
-        raise NotFound(f"A {job.modality} job has no {variant}.")
+        raise NotFound(f"{'An' if job.modality == 'image' else 'A'} {job.modality} job has no {variant}.")
     if job.status != JobStatus.SUCCEEDED or not job.artifact_path:
         raise Conflict(
             f"The job is {job.status}; its {variant} is not ready.", extra={"job_status": job.status}
