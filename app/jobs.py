@@ -45,6 +45,7 @@ from models.base import utcnow
 from models.db import autocommit, read_only, transaction
 from models.job import TERMINAL
 from models.media_links import VARIANTS
+from models.plans import Plan
 from models.resource import job_resource
 from tasks.contract.names import THUMBNAIL_NAME
 from tasks.contract.publish import publish_job
@@ -118,10 +119,13 @@ def queue_positions(session: Session, jobs: list[Job]) -> dict[uuid.UUID, int]:
 
 
 def resource_of(job: Job, position: int | None) -> dict[str, Any]:
-    """The job resource as this API answers it: its links, signed ones included."""
-    base = services().settings.public_base_url.rstrip("/")
-    signer, signed_base = media.signer(), media.signed_base_url()
-    return job_resource(job, base, position, signer, signed_base, services().settings.retention_s)
+    """The job resource as this API answers it: its links, signed ones included, both lifetimes
+    (expires_at, the signed links') from the caller's plan, whose jobs they are."""
+    settings = services().settings
+    plan = Plan.effective(settings, current_principal().plan_overrides)
+    base = settings.public_base_url.rstrip("/")
+    signer, signed_base = media.signer(plan.media_url_ttl_s), media.signed_base_url()
+    return job_resource(job, base, position, signer, signed_base, plan.retention_s)
 
 
 def _resource(session: Session, job: Job) -> dict[str, Any]:

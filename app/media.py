@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import uuid
 from pathlib import PurePosixPath
@@ -31,8 +32,10 @@ def signed_base_url() -> str:
     return services().settings.public_base_url.rstrip("/") or request.host_url.rstrip("/")
 
 
-def signer() -> MediaSigner | None:
-    return services().media_signer
+def signer(ttl_s: int | None = None) -> MediaSigner | None:
+    """The server's signer; `ttl_s` (a plan's link lifetime) for the links it issues."""
+    sign = services().media_signer
+    return sign if sign is None or ttl_s is None else dataclasses.replace(sign, ttl_s=ttl_s)
 
 
 def _gone(job_id: str, variant: str) -> NotFound:

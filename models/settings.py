@@ -54,7 +54,8 @@ class Settings(BaseSettings):
         ge=60,
         le=7 * 24 * 3600,
         description="How long a signed link stays valid (a link is valid this long, less up to a tenth "
-        "of it, at most 300 s: links issued together share an expiry, so caches see one URL).",
+        "of it, at most 300 s: links issued together share an expiry, so caches see one URL). The "
+        "default plan's: a tenant's plan may set its own `media_url_ttl_s`, within these bounds.",
     )
     cors_origins: list[str] = Field(
         [],
@@ -211,7 +212,8 @@ class Settings(BaseSettings):
         ge=0,
         description="How long a finished job's outputs are kept: its `expires_at` is `completed_at` plus "
         "this; then the retention task removes its files, output text and prompt (the row stays for "
-        "usage). 0 keeps them forever. Changing it moves `expires_at` of every finished job.",
+        "usage). 0 keeps them forever. Changing it moves `expires_at` of every finished job. The "
+        "default plan's: a tenant's plan may set its own `retention_s`, shorter or longer.",
     )
     retention_interval_s: float = Field(
         300.0, gt=0, description="How often the retention task (beat) removes expired jobs' data."
