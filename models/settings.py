@@ -290,13 +290,22 @@ class Settings(BaseSettings):
 
     # -- job event streams (GET /v1/jobs/{id}/events)
     stream_max_per_process: int = Field(
-        1000, description="Concurrent event streams per web process; past it a new stream gets 503."
+        1000,
+        ge=1,
+        description="Concurrent event streams per web process; past it a new stream gets 503 with "
+        "Retry-After (problem+json).",
     )
     stream_max_per_tenant: int = Field(
-        100, description="Concurrent event streams of one tenant per web process; past it 429."
+        100,
+        ge=1,
+        description="Concurrent event streams of one tenant per web process; past it 429 with "
+        "Retry-After (problem+json).",
     )
     stream_heartbeat_s: float = Field(
-        15.0, description="Seconds of silence after which a stream sends a comment line (keeps proxies open)."
+        15.0,
+        gt=0,
+        description="Seconds of silence after which a stream sends a comment line (keeps proxies open); "
+        "also how long a client that left may keep its stream's slot (the next write notices).",
     )
     stream_poll_s: float = Field(
         2.0,
