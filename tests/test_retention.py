@@ -153,13 +153,18 @@ def test_delete_a_finished_job_twice_and_across_tenants(
     assert_problem(client.delete(f"/v1/jobs/{uuid.uuid4()}"), 404)
 
 
-def test_a_deleted_job_is_never_a_cache_hit(client, worker) -> None:
+@pytest.mark.parametrize("how", ["delete", "expire"])
+def test_a_deleted_or_expired_job_is_never_a_cache_hit(how, client, settings, sessions, worker) -> None:
     first = wait_finished(client, _submit(client, prompt="a cached heron", modality="text"))
     hit = client.post(
         "/v1/jobs", json={"prompt": "a cached heron", "modality": "text", "params": {"seed": 5}}
     )
     assert hit.get_json()["cached"] is True
-    assert client.delete(f"/v1/jobs/{first['id']}").status_code == 204
+    if how == "delete":
+        assert client.delete(f"/v1/jobs/{first['id']}").status_code == 204
+    else:
+        _expire(sessions, first["id"])
+        assert retention_task.expire(_runtime(settings, sessions)) == 1
     again = client.post(
         "/v1/jobs", json={"prompt": "a cached heron", "modality": "text", "params": {"seed": 5}}
     )

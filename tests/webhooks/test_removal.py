@@ -1,10 +1,10 @@
-"""A removed (deleted or expired) job's webhook messages lose its data; pending deliveries go out scrubbed."""
+"""Retention in webhooks: payloads say the plan's expiry; a removed job's messages lose its data."""
 
 from __future__ import annotations
 
 import os
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -17,7 +17,7 @@ from models.db import transaction
 from models.webhook import WebhookMessage
 from tasks import retention as retention_task
 from tasks.runtime import Runtime
-from tests.support.api import wait_finished
+from tests.support.api import authed_client_class, make_api_key, wait_finished
 from tests.webhooks.helpers import deliveries, secret, submit
 from tests.webhooks.test_delivery import wait_settled
 
@@ -119,3 +119,17 @@ def test_a_delivery_pending_when_its_job_is_deleted_goes_out_scrubbed(
     assert _leftovers(sessions, marker) == []
     [d] = deliveries(hook_client, job_id)
     assert (d["status"], d["attempts"]) == ("delivered", 2)
+
+
+def test_a_payloads_expires_at_follows_the_tenants_plan(hook_client, hook_worker, receiver, sessions):
+    app = hook_client.application
+    client = authed_client_class(make_api_key(sessions, "acme-hook-plan", retention_s=600))(
+        app, app.response_class, True
+    )
+    job_id = submit(client, receiver, prompt="a plover")
+    done = wait_finished(client, job_id)
+    receiver.wait_for(lambda r: len(r.delivered()) == 1)
+    data = receiver.calls[0].payload["data"]
+    completed = datetime.fromisoformat(done["timings"]["completed_at"].replace("Z", "+00:00"))
+    expected = (completed + timedelta(seconds=600)).isoformat().replace("+00:00", "Z")
+    assert data["expires_at"] == done["expires_at"] == expected  # as the API says it, from the plan
