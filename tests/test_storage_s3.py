@@ -105,6 +105,23 @@ def test_the_backend_is_chosen_by_settings_and_never_shows_its_credentials(setti
     assert not store.exists("../etc/passwd") and not store.exists("x/../../y")
 
 
+def test_an_unreachable_bucket_is_a_transient_outage(settings, s3_overrides) -> None:
+    """Retried by the workers (infra_retry) and a 503 from the API, like a database outage."""
+    from tasks.contract.transient import is_transient
+    from tests.support.procs import free_port
+
+    dead = open_storage(
+        settings.model_copy(
+            update={**s3_overrides, "storage_s3_endpoint_url": f"http://127.0.0.1:{free_port()}"}
+        )
+    )
+    with pytest.raises(ConnectionError) as raised:
+        dead.put("x/video.mp4", b"data", "video/mp4")
+    assert is_transient(raised.value)
+    with pytest.raises(ConnectionError):
+        dead.stat("x/video.mp4")
+
+
 def test_a_video_job_on_s3_downloads_whole_by_range_and_by_links_then_delete_removes_it(
     make_app, settings, s3_overrides, moto
 ) -> None:
