@@ -149,6 +149,8 @@ def test_a_video_job_on_s3_downloads_whole_by_range_and_by_links_then_delete_rem
     tail = client.get(f"/v1/jobs/{jid}/content", headers={"Range": "bytes=-10"})
     assert tail.status_code == 206 and tail.data == data[-10:]
     assert client.get(f"/v1/jobs/{jid}/content", headers={"Range": f"bytes={len(data)}-"}).status_code == 416
+    head = client.head(f"/v1/jobs/{jid}/content")  # a HEAD request: no GET of the object
+    assert head.status_code == 200 and head.data == b"" and head.headers["Content-Length"] == str(len(data))
     etag = whole.headers["ETag"]
     assert client.get(f"/v1/jobs/{jid}/content", headers={"If-None-Match": etag}).status_code == 304
     thumb = client.get(f"/v1/jobs/{jid}/content?variant=thumbnail")
