@@ -105,6 +105,48 @@ def test_the_backend_is_chosen_by_settings_and_never_shows_its_credentials(setti
     assert not store.exists("../etc/passwd") and not store.exists("x/../../y")
 
 
+@pytest.fixture(params=["local", "s3"])
+def store(request: pytest.FixtureRequest, settings, tmp_path) -> Any:
+    """Each backend, empty: a fresh folder, or a fresh prefix in the bucket."""
+    if request.param == "local":
+        return open_storage(settings.model_copy(update={"artifact_dir": tmp_path / "artifacts"}))
+    return open_storage(settings.model_copy(update=request.getfixturevalue("s3_overrides")))
+
+
+def test_every_backend_keeps_the_same_contract(store: Any) -> None:
+    """What web and workers rely on: whole writes, replacing rewrites, seekable reads, removal."""
+    data = bytes(range(256)) * 1024  # 256 KiB: a multipart upload on S3 (64 KiB parts)
+    assert store.stat("j1/video.mp4") is None and not store.exists("j1/video.mp4")
+    with pytest.raises(FileNotFoundError):
+        store.open("j1/video.mp4")
+    with pytest.raises(RuntimeError), store.writing("j1/video.mp4", "video/mp4") as path:
+        path.write_bytes(data[:1000])
+        raise RuntimeError("the encoder failed")  # nothing is published
+    assert not store.exists("j1/video.mp4")
+    with store.writing("j1/video.mp4", "video/mp4") as path:
+        path.write_bytes(data)
+        assert not store.exists("j1/video.mp4")  # not visible before the block ends
+    first = store.stat("j1/video.mp4")
+    assert first is not None and first.size == len(data) and first.etag
+    assert store.put("j1/video.mp4", data[::-1], "video/mp4") == len(data)  # a rewrite replaces it
+    second = store.stat("j1/video.mp4")
+    assert second is not None and second.etag != first.etag
+    assert b"".join(store.read_range("j1/video.mp4", 1000, 70000)) == data[::-1][1000:71000]
+    with store.open("j1/video.mp4") as f:
+        f.seek(len(data) - 5)
+        assert f.read() == data[::-1][-5:] and f.read() == b""
+    store.put("j1/thumbnail.jpg", b"jpeg", "image/jpeg")
+    store.put("j2/video.mp4", b"other job", "video/mp4")
+    assert store.sweep("j1/") == 0  # nothing unfinished
+    assert store.delete_prefix("j1/") >= 1 and store.delete_prefix("j1/") == 0
+    assert not store.exists("j1/video.mp4") and not store.exists("j1/thumbnail.jpg")
+    assert store.exists("j2/video.mp4")
+    for bad in ("../j2/video.mp4", "/etc/passwd", "j2//video.mp4", "j2/./video.mp4", ""):
+        assert store.stat(bad) is None
+        with pytest.raises(KeyError):
+            store.put(bad, b"x", "video/mp4")
+
+
 def test_an_unreachable_bucket_is_a_transient_outage(settings, s3_overrides) -> None:
     """Retried by the workers (infra_retry) and a 503 from the API, like a database outage."""
     from tasks.contract.transient import is_transient

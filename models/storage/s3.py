@@ -139,6 +139,10 @@ class S3Storage(Storage):
                 connect_timeout=s.storage_s3_timeout_s,
                 read_timeout=s.storage_s3_timeout_s,
                 retries={"max_attempts": 3, "mode": "standard"},
+                # Checksums only where S3 requires them: botocore's newer default (a CRC trailer on
+                # every upload) is refused by many S3-compatible servers.
+                request_checksum_calculation="when_required",
+                response_checksum_validation="when_required",
             ),
         )
         return cls(client, s.storage_s3_bucket, s.storage_s3_prefix, s.storage_s3_part_bytes)
