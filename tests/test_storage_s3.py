@@ -246,6 +246,26 @@ def test_retention_removes_the_objects_and_the_cache_skips_a_source_whose_object
     assert get(sessions, uuid.UUID(again["id"])).data_removed_at is not None
 
 
+def test_compensation_removes_a_failed_jobs_objects_and_its_unfinished_upload(
+    settings, sessions, s3_overrides, moto
+) -> None:
+    from models import states
+    from tasks import compensation
+    from tests.support.jobs import create_job
+
+    prefix = s3_overrides["storage_s3_prefix"]
+    rt = Runtime(settings.model_copy(update=s3_overrides), sessions.kw["bind"], sessions, os.getpid())
+    jid = create_job(sessions)
+    rt.storage.put(f"{jid}/thumbnail.jpg", b"jpeg", "image/jpeg")  # what a dying attempt left
+    moto.client().create_multipart_upload(Bucket="genqueue-test", Key=f"{prefix}{jid}/video.mp4")
+    with transaction(sessions) as s:
+        states.fail(s, jid, "internal_error", "the render crashed", "video")
+    assert compensation.compensate_job(rt, jid)
+    assert _objects(moto, f"{prefix}{jid}/") == {} and _uploads(moto, f"{prefix}{jid}/") == []
+    [event] = event_rows(sessions, jid, "job.compensated")
+    assert event.data["files_removed"] is True
+
+
 @pytest.mark.slow
 def test_a_worker_killed_mid_upload_leaves_no_partial_object_and_the_job_completes_once(
     settings, sessions, broker, s3_overrides, moto, tmp_path
