@@ -124,9 +124,13 @@ def demo(prompt: str, modality: str, data_dir: Path, params: tuple[str, ...]) ->
         raise click.ClickException(f"job {job['status']}: {err.get('code')}: {err.get('message')}")
     click.echo(f"Text: {job['outputs']['text']}")
     if modality == "video":
-        from tasks.contract.names import VIDEO_NAME, job_dir
+        from tasks.contract.names import VIDEO_NAME, artifact_key, job_dir
 
-        click.echo(f"Video: {(job_dir(settings.artifact_dir, job['id']) / VIDEO_NAME).resolve()}")
+        if settings.storage_backend == "s3":
+            key = artifact_key(job["id"], VIDEO_NAME)
+            click.echo(f"Video: s3://{settings.storage_s3_bucket}/{settings.storage_s3_prefix}{key}")
+        else:
+            click.echo(f"Video: {(job_dir(settings.artifact_dir, job['id']) / VIDEO_NAME).resolve()}")
 
 
 @main.command()

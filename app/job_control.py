@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import shutil
 import uuid
 
 from flask import Blueprint, Response, jsonify
@@ -14,7 +13,7 @@ from app.jobs import _load, _published, _resource
 from app.services import services
 from models import Job, JobStatus, Stage, cache, retention, states
 from models.db import transaction
-from tasks.contract.names import job_dir, stage_task_id
+from tasks.contract.names import job_prefix, stage_task_id
 from tasks.contract.publish import publish_compensation, publish_job
 
 log = logging.getLogger("genqueue.api")
@@ -38,7 +37,7 @@ def cancel_job(job_id: str) -> Response:
 
 @bp.delete("/jobs/<job_id>")
 def delete_job(job_id: str) -> Response:
-    """Cancel if active, remove the outputs, prompt and files; the row stays for usage (204, idempotent)."""
+    """Cancel if active, remove the outputs, prompt and stored files; the row stays (204, idempotent)."""
     svc = services()
     with transaction(svc.sessions) as s:
         job = _load(s, job_id)  # another tenant's job is a 404, like a missing one
@@ -48,7 +47,7 @@ def delete_job(job_id: str) -> Response:
     _after_cancel(jid, canceled, heir)
     # Marked first, so nothing serves or reuses the files while they go; a video stage still
     # writing when canceled leaves files its compensation removes.
-    shutil.rmtree(job_dir(services().artifact_dir, jid), ignore_errors=True)
+    svc.storage.delete_prefix(job_prefix(jid))
     return Response(status=204)
 
 

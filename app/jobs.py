@@ -9,17 +9,16 @@ import json
 import logging
 import uuid
 from datetime import datetime
-from pathlib import PurePosixPath
 from typing import Any
 
-from flask import Blueprint, Response, current_app, jsonify, request, send_from_directory
+from flask import Blueprint, Response, current_app, jsonify, request
 from flask.blueprints import BlueprintSetupState
 from pydantic import ValidationError
 from sqlalchemy import Select, bindparam, select, tuple_
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app import idempotency, media
+from app import downloads, idempotency, media
 from app.admission import admission
 from app.auth import current_principal, owned, tenant_id
 from app.body import parse as parse_body
@@ -47,7 +46,6 @@ from models.job import TERMINAL
 from models.media_links import VARIANTS
 from models.plans import Plan
 from models.resource import job_resource
-from tasks.contract.names import THUMBNAIL_NAME
 from tasks.contract.publish import publish_job
 from tasks.contract.transient import is_transient
 
@@ -249,7 +247,7 @@ def _insert(s: Session, job: Job, cacheable: bool) -> None:
         return
     settings = services().settings
     key = cache.cache_key(settings, job.modality, job.prompt, job.params)
-    source = cache.find_source(s, key, services().artifact_dir, job.tenant_id)
+    source = cache.find_source(s, key, services().storage, job.tenant_id)
     if source is None:
         job.cache_key = key
         states.insert_new(s, job)
@@ -380,8 +378,4 @@ def content(job_id: str) -> Response:
         raise Conflict(
             f"The job is {job.status}; its {variant} is not ready.", extra={"job_status": job.status}
         )
-    path = PurePosixPath(job.artifact_path)
-    if variant == "thumbnail":
-        return send_from_directory(svc.artifact_dir, str(path.parent / THUMBNAIL_NAME), mimetype="image/jpeg")
-    # conditional=True (the default, spelled out): Range -> 206, Accept-Ranges, ETag, 304.
-    return send_from_directory(svc.artifact_dir, str(path), mimetype="video/mp4", conditional=True)
+    return downloads.send_variant(job, variant)

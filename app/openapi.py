@@ -244,6 +244,11 @@ def _media(job_id: Any, variants: Any, binary: Any, unsatisfiable: Any) -> Any:
         {
             "200": found,
             "206": partial,
+            "302": {
+                "description": "With `storage_s3_presigned_links` (video and thumbnail): the bytes are at "
+                "a presigned S3 URL that expires with the link",
+                "headers": {**cache, "Location": {"schema": text}},
+            },
             "304": {"description": "Not modified"},
             **forbidden,
             **gone,

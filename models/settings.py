@@ -37,6 +37,54 @@ class Settings(BaseSettings):
         description="Where MP4s and thumbnails are written; shared by the web processes and the video "
         "workers.",
     )
+    storage_backend: Literal["local", "s3"] = Field(
+        "local",
+        description="Where job artifacts are stored: `local` (files under `artifact_dir`, the default and "
+        "the embedded mode's) or `s3` (an S3-compatible bucket: AWS S3, MinIO, Ceph; the `storage_s3_*` "
+        "settings).",
+    )
+    storage_s3_bucket: str = Field(
+        "", description="The bucket (it must exist); required with `storage_backend=s3`."
+    )
+    storage_s3_prefix: str = Field(
+        "",
+        description="Prepended to every object key (a job's files are `<prefix><job id>/video.mp4`), e.g. "
+        "`genqueue/` to share a bucket.",
+    )
+    storage_s3_endpoint_url: str = Field(
+        "",
+        description="The S3 API's URL for a non-AWS server (e.g. `http://minio:9000`); empty: AWS, from "
+        "the region.",
+    )
+    storage_s3_region: str = Field(
+        "", description="The bucket's region; empty: boto3's default (`AWS_REGION`, the profile)."
+    )
+    storage_s3_access_key_id: SecretStr | None = Field(
+        None,
+        description="The access key id; unset: boto3's default chain (`AWS_ACCESS_KEY_ID`, a profile, the "
+        "instance or pod role). Never logged.",
+    )
+    storage_s3_secret_access_key: SecretStr | None = Field(
+        None, description="The secret access key that goes with `storage_s3_access_key_id`. Never logged."
+    )
+    storage_s3_addressing_style: Literal["auto", "path", "virtual"] = Field(
+        "auto",
+        description="`path` for servers without per-bucket host names (MinIO's default); `auto`: virtual "
+        "hosts on AWS, paths for an IP endpoint.",
+    )
+    storage_s3_part_bytes: int = Field(
+        8 << 20,
+        ge=64 << 10,
+        description="Files larger than this are uploaded in parts of this size (a multipart upload, "
+        "visible only once completed); AWS needs at least 5 MiB (5242880).",
+    )
+    storage_s3_timeout_s: float = Field(10.0, gt=0, description="Connect and read timeout of one S3 request.")
+    storage_s3_presigned_links: bool = Field(
+        False,
+        description="Signed links (`/v1/media/...`) answer 302 to a presigned S3 URL expiring with the link, "
+        "so the bucket serves the bytes; needs a bucket clients can reach. Off: the API streams them "
+        "(`/v1/jobs/{id}/content` always does).",
+    )
     public_base_url: str = Field(
         "",
         description="The API's public origin (e.g. `https://genqueue.example.com`) for absolute links; "

@@ -149,7 +149,7 @@ def _video_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID) -> None:
     meter = Meter()
     try:
         result, seconds = _render(self, rt, job, run_request, model, meter)
-        relpath, size = artifacts.write_video(rt.artifact_dir, jid, result.frames, result.fps)
+        relpath, size = artifacts.write_video(rt.storage, jid, result.frames, result.fps)
     except Exception as exc:
         _charge(rt, jid, Stage.VIDEO, meter, model)
         failures.handle(self, rt, job, Stage.VIDEO, exc, video_request=request)

@@ -45,4 +45,4 @@ def expire(rt: Runtime, now: datetime | None = None) -> int:
 def remove_files(rt: Runtime, job_ids: Iterable[uuid.UUID]) -> None:
     """Each job's own folder (a cached copy has none: it pointed at its source's files)."""
     for job_id in job_ids:
-        artifacts.remove_job_dir(rt.artifact_dir, job_id)
+        artifacts.remove_job_dir(rt.storage, job_id)

@@ -241,6 +241,58 @@ class RedisServer:
             self.proc.wait(timeout=30)
 
 
+class MotoServer:
+    """moto's S3 API server (`python -m moto.server`) on a free port: a real S3 endpoint over HTTP.
+
+    S3_UPLOAD_PART_MIN_SIZE is lowered so a test's multipart upload needs a few hundred KiB,
+    not AWS's 5 MiB a part.
+    """
+
+    REGION = "us-east-1"
+    KEY_ID, SECRET = "genqueue-test-key", "genqueue-test-secret"
+
+    def __init__(self, log: Path, part_min_size: int = 64 << 10) -> None:
+        self.port = free_port()
+        self.log, self.part_min_size = Path(log), part_min_size
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def client(self) -> Any:
+        import boto3
+
+        return boto3.session.Session().client(
+            "s3", endpoint_url=self.url, region_name=self.REGION,
+            aws_access_key_id=self.KEY_ID, aws_secret_access_key=self.SECRET,
+        )  # fmt: skip
+
+    def start(self) -> MotoServer:
+        env = {**os.environ, "S3_UPLOAD_PART_MIN_SIZE": str(self.part_min_size)}
+        cmd = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)]
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+        def up() -> bool:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(f"moto.server exited: {self.log.read_text(errors='replace')[-2000:]}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return True
+            except OSError:
+                return False
+
+        wait_for(up, 60, 0.1, "moto.server to start")
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=30)
+
+
 class PostgresServer:
     """A private Postgres cluster in a temp directory on a free port (pg_ctl)."""
 
