@@ -91,7 +91,7 @@ class Progress:
             self._start(stage)
         if self.bar is not None and event.progress is not None and event.progress > self.bar.n:
             self.bar.update(event.progress - self.bar.n)
-        if not self.tty and event.id is not None:
+        if not self.tty and event.id is not None and event.type != "job.progress":
             click.echo(f"  {event.type}", err=True)
 
     def _start(self, stage: str) -> None:

@@ -143,6 +143,8 @@ class AsyncClient:
                         continue
                     decoder, moved = Decoder(), False
                     async for line in resp.aiter_lines():
+                        if deadline is not None and time.monotonic() >= deadline:
+                            raise WaitTimeout(f"job {job_id} did not finish in time")
                         event = decoder.line(line)
                         if event is None:
                             continue

@@ -139,6 +139,8 @@ class Client:
                         continue
                     decoder, moved = Decoder(), False
                     for line in resp.iter_lines():
+                        if deadline is not None and time.monotonic() >= deadline:
+                            raise WaitTimeout(f"job {job_id} did not finish in time")
                         event = decoder.line(line)
                         if event is None:
                             continue
