@@ -96,7 +96,8 @@ def test_the_client_imports_nothing_of_the_server(files: list[Path], allowed: se
 def test_the_sse_decoder_reads_frames_comments_and_multiline_data() -> None:
     lines = [
         "retry: 2000", "", ": heartbeat", "",
-        "id: 7", "event: job.started", 'data: {"id": 7, "type": "job.started",', 'data:  "stage": "text"}', "",
+        "id: 7", "event: job.started",
+        'data: {"id": 7, "type": "job.started",', 'data:  "stage": "text"}', "",
         "event: job.progress", 'data: {"id": null, "type": "job.progress", "data": {"progress": 40}}', "",
     ]  # fmt: skip
     started, progress = list(Decoder().feed(lines))

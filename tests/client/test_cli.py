@@ -31,7 +31,9 @@ def genqueue(web: str, key: str, *args: str, **kw: Any) -> subprocess.CompletedP
 
 def test_run_writes_a_playable_video(web, api_key, module_worker, tmp_path) -> None:
     out = tmp_path / "fox.mp4"
-    done = genqueue(web, api_key, "run", "a fox in the snow", "--modality", "video", *VIDEO, "--out", str(out))
+    done = genqueue(
+        web, api_key, "run", "a fox in the snow", "--modality", "video", *VIDEO, "--out", str(out)
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip()  # the shot description the text stage wrote
     assert "stage video" in done.stderr and f"wrote {out}" in done.stderr
@@ -49,7 +51,9 @@ def test_run_exits_1_when_the_job_fails(web, api_key, module_worker) -> None:
 def test_run_exits_3_when_the_job_is_canceled(web, api_key, module_worker, monkeypatch) -> None:
     monkeypatch.setenv("GENQUEUE_ECHO_STEP_SECONDS", "0.2")  # the in-process worker: 20 s of steps
     cmd = [sys.executable, "-m", "app.cli", "run", "a slow fox", *VIDEO, "--param", "steps=100", "--json"]
-    proc = subprocess.Popen(cmd, env=environment(web, api_key), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        cmd, env=environment(web, api_key), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     with gq.Client(web, api_key) as client:
         job = wait_for(lambda: next(client.list(status="running"), None), 30, 0.1, "the job to run")
         client.cancel(job.id)
@@ -77,7 +81,9 @@ def test_run_timeout_usage_and_transport_errors_have_their_own_codes(
 
 def test_jobs_commands(web, api_key, module_worker, tmp_path: Path) -> None:
     with gq.Client(web, api_key) as client:
-        job = client.wait(client.submit("a fox", "video", params={"width": 64, "height": 64, "num_frames": 5}).id)
+        job = client.wait(
+            client.submit("a fox", "video", params={"width": 64, "height": 64, "num_frames": 5}).id
+        )
     listed = genqueue(web, api_key, "jobs", "list", "--json")
     assert listed.returncode == 0 and json.loads(listed.stdout.splitlines()[0])["id"] == job.id
     got = genqueue(web, api_key, "jobs", "get", job.id)
