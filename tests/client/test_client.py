@@ -204,3 +204,8 @@ def test_the_async_client_does_the_same(web, api_key, module_worker, tmp_path, m
                 await c.submit("a fox", "video", params={"steps": 0})
 
     asyncio.run(scenario())
+
+
+def test_webhook_secret_is_the_tenants(gqc) -> None:
+    key = gqc.webhook_secret()
+    assert key.startswith("whsec_") and gqc.webhook_secret() == key
