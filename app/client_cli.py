@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import click
 
 import genqueue_client as gq
+from genqueue_client.core import DEFAULT_URL
 
 EXIT_FAILED, EXIT_USAGE, EXIT_CANCELED, EXIT_API, EXIT_TRANSPORT, EXIT_TIMEOUT = 1, 2, 3, 4, 5, 6
 EXIT_BY_STATUS = {"succeeded": 0, "failed": EXIT_FAILED, "canceled": EXIT_CANCELED}
@@ -30,7 +31,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 def connection(command: F) -> F:
     """--url and --api-key (or their environment variables), handed to the command as `client`."""
 
-    @click.option("--url", envvar="GENQUEUE_URL", default="http://127.0.0.1:8000", show_default=True,
+    @click.option("--url", envvar="GENQUEUE_URL", default=DEFAULT_URL, show_default=True,
                   help="The server's base URL (env GENQUEUE_URL).")  # fmt: skip
     @click.option("--api-key", envvar="GENQUEUE_API_KEY", help="An API key, gq_... (env GENQUEUE_API_KEY).")
     @functools.wraps(command)

@@ -141,15 +141,17 @@ class AsyncClient:
                     if isinstance(action, float):
                         await asyncio.sleep(action)
                         continue
-                    decoder, moved = Decoder(), False
+                    decoder = Decoder()
                     async for line in resp.aiter_lines():
                         if deadline is not None and time.monotonic() >= deadline:
                             raise WaitTimeout(f"job {job_id} did not finish in time")
                         event = decoder.line(line)
+                        if decoder.alive:
+                            retry.attempt = 0  # a live stream: any later drop starts a fresh budget
                         if event is None:
                             continue
                         if event.id is not None:
-                            last, moved, retry.attempt = event.id, True, 0
+                            last = event.id
                         yield event
                         if event.terminal:
                             return
@@ -160,8 +162,10 @@ class AsyncClient:
                     raise WaitTimeout(f"job {job_id} did not finish in time") from exc
                 await asyncio.sleep(retry.after_transport_error(exc))
                 continue
-            if not moved:  # ended with nothing new (its time limit): back off before the next
-                await asyncio.sleep(retry.after_transport_error(httpx.ReadError("the stream ended early")))
+            # It ended before the terminal event: its time limit (resume at once), or a close
+            # with nothing sent at all (back off; a job that is gone answers 404 next time).
+            if not decoder.alive:
+                await asyncio.sleep(retry.after_transport_error(httpx.ReadError("the stream closed at once")))
 
     async def wait(
         self,

@@ -137,15 +137,17 @@ class Client:
                     if isinstance(action, float):
                         time.sleep(action)
                         continue
-                    decoder, moved = Decoder(), False
+                    decoder = Decoder()
                     for line in resp.iter_lines():
                         if deadline is not None and time.monotonic() >= deadline:
                             raise WaitTimeout(f"job {job_id} did not finish in time")
                         event = decoder.line(line)
+                        if decoder.alive:
+                            retry.attempt = 0  # a live stream: any later drop starts a fresh budget
                         if event is None:
                             continue
                         if event.id is not None:
-                            last, moved, retry.attempt = event.id, True, 0
+                            last = event.id
                         yield event
                         if event.terminal:
                             return
@@ -156,8 +158,10 @@ class Client:
                     raise WaitTimeout(f"job {job_id} did not finish in time") from exc
                 time.sleep(retry.after_transport_error(exc))
                 continue
-            if not moved:  # ended with nothing new (its time limit): back off before the next
-                time.sleep(retry.after_transport_error(httpx.ReadError("the stream ended early")))
+            # It ended before the terminal event: its time limit (resume at once), or a close
+            # with nothing sent at all (back off; a job that is gone answers 404 next time).
+            if not decoder.alive:
+                time.sleep(retry.after_transport_error(httpx.ReadError("the stream closed at once")))
 
     def wait(
         self,

@@ -14,6 +14,7 @@ class Decoder:
     """The WHATWG event-stream rules the server's frames need: `id`, `event`, `data` (joined by
     newlines), comments ignored, a blank line ends a frame. One per connection."""
 
+    alive: bool = False  # an event or a heartbeat came: the connection is a working stream
     _event: str = ""
     _data: list[str] = field(default_factory=list)
     _id: str | None = None
@@ -29,7 +30,8 @@ class Decoder:
         if not line:
             return self._dispatch()
         if line.startswith(":"):
-            return None  # a heartbeat comment
+            self.alive = True  # a heartbeat comment
+            return None
         name, _, value = line.partition(":")
         value = value.removeprefix(" ")
         if name == "data":
@@ -48,6 +50,7 @@ class Decoder:
         body = json.loads(data)
         if not isinstance(body, dict):
             return None
+        self.alive = True
         body.setdefault("type", event)
         if frame_id is not None and frame_id.isdigit():
             body["id"] = int(frame_id)
