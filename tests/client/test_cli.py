@@ -4,29 +4,18 @@ a real worker: the output file plays, and the exit code says how the job ended."
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import av
 import httpx
 
 import genqueue_client as gq
-from tests.support.procs import ROOT, wait_for
+from tests.support.client import environment, genqueue
+from tests.support.procs import wait_for
 
 VIDEO = ["--param", "width=64", "--param", "height=64", "--param", "num_frames=5", "--param", "steps=4"]
-
-
-def environment(web: str, key: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GENQUEUE_")}
-    return env | {"GENQUEUE_URL": web, "GENQUEUE_API_KEY": key, "PYTHONPATH": str(ROOT)}
-
-
-def genqueue(web: str, key: str, *args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "app.cli", *args]
-    return subprocess.run(cmd, env=environment(web, key), capture_output=True, text=True, timeout=120, **kw)
 
 
 def test_run_writes_a_playable_video(web, api_key, module_worker, tmp_path) -> None:
