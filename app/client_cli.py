@@ -1,7 +1,8 @@
 """`genqueue run` and `genqueue jobs ...`: the API's client commands, built on genqueue_client only.
 
-They talk HTTP to a server (GENQUEUE_URL, GENQUEUE_API_KEY or --url/--api-key) and import nothing
-of the server's own code, so they behave exactly as a product backend using the client would.
+They talk HTTP to a server (--url/--api-key, or the client's environment variables, see
+genqueue_client.core) and import nothing of the server's own code, so they behave exactly as a
+product backend using the client would.
 Exit codes: 0 succeeded (or done), 1 the job failed, 2 usage error, 3 the job was canceled,
 4 the API refused the request (problem+json), 5 the server could not be reached, 6 --timeout
 passed while waiting (the job goes on).
@@ -20,7 +21,7 @@ from typing import Any, TypeVar
 import click
 
 import genqueue_client as gq
-from genqueue_client.core import DEFAULT_URL
+from genqueue_client.core import DEFAULT_URL, KEY_ENV, URL_ENV
 
 EXIT_FAILED, EXIT_USAGE, EXIT_CANCELED, EXIT_API, EXIT_TRANSPORT, EXIT_TIMEOUT = 1, 2, 3, 4, 5, 6
 EXIT_BY_STATUS = {"succeeded": 0, "failed": EXIT_FAILED, "canceled": EXIT_CANCELED}
@@ -31,9 +32,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 def connection(command: F) -> F:
     """--url and --api-key (or their environment variables), handed to the command as `client`."""
 
-    @click.option("--url", envvar="GENQUEUE_URL", default=DEFAULT_URL, show_default=True,
-                  help="The server's base URL (env GENQUEUE_URL).")  # fmt: skip
-    @click.option("--api-key", envvar="GENQUEUE_API_KEY", help="An API key, gq_... (env GENQUEUE_API_KEY).")
+    # The client's own variables (not server settings: docs/API.md, not docs/SETTINGS.md).
+    @click.option("--url", envvar=URL_ENV, default=DEFAULT_URL, show_default=True,
+                  help=f"The server's base URL (env {URL_ENV}).")  # fmt: skip
+    @click.option("--api-key", envvar=KEY_ENV, help=f"An API key, gq_... (env {KEY_ENV}).")
     @functools.wraps(command)
     def wrapper(url: str, api_key: str | None, **kwargs: Any) -> Any:
         with answered(), gq.Client(url, api_key) as client:
