@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import aclosing
 from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
@@ -109,8 +110,9 @@ class AsyncClient:
         """The job's events after id `after`. follow: live (SSE) until the terminal event,
         reconnecting with Last-Event-ID; otherwise the stored ones, page by page."""
         if follow:
-            async for event in self._follow(job_id, after, fallback=False, deadline=None):
-                yield event
+            async with aclosing(self._follow(job_id, after, fallback=False, deadline=None)) as live:
+                async for event in live:
+                    yield event
             return
         while True:
             page = await self._run(self.core.event_page(job_id, after))
@@ -122,7 +124,7 @@ class AsyncClient:
 
     async def _follow(
         self, job_id: str, after: int, fallback: bool, deadline: float | None
-    ) -> AsyncIterator[Event]:
+    ) -> AsyncGenerator[Event, None]:
         last, retry = after, self.core.retry()
         while True:
             now = time.monotonic()
@@ -185,11 +187,13 @@ class AsyncClient:
             return job
         if stream:
             try:
-                async for event in self._follow(job_id, 0, fallback=True, deadline=deadline):
-                    if on_event is not None:
-                        on_event(event)
-                    if event.terminal:
-                        return await self.get(job_id)
+                # aclosing: leaving at the terminal event closes the stream now, not at collection
+                async with aclosing(self._follow(job_id, 0, fallback=True, deadline=deadline)) as live:
+                    async for event in live:
+                        if on_event is not None:
+                            on_event(event)
+                        if event.terminal:
+                            return await self.get(job_id)
             except StreamUnavailable:
                 pass
         seen = (job.stage, job.progress)

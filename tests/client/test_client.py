@@ -192,6 +192,8 @@ def test_the_async_client_does_the_same(web, api_key, module_worker, tmp_path, m
             (tmp_path / "b.mp4").write_bytes(whole[:100])
             assert (await c.download(job.id, tmp_path / "b.mp4")).read_bytes() == whole
             assert [e.id async for e in c.events(job.id, follow=False)] == [e.id for e in seen if e.id]
+            followed = [e async for e in c.events(job.id)]  # a finished job's stream: replay, then end
+            assert [e.id for e in followed] == [e.id for e in seen if e.id]
             monkeypatch.setenv("GENQUEUE_ECHO_STEP_SECONDS", "0.2")
             slow = await c.submit("a slow async fox", "video", params=SLOW_VIDEO)
             while (await c.get(slow.id)).status != "running":
