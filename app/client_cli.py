@@ -92,8 +92,9 @@ class Progress:
         stage = event.stage or self.stage
         if stage != self.stage and stage is not None:
             self._start(stage)
-        if self.bar is not None and event.progress is not None and event.progress > self.bar.n:
-            self.bar.update(event.progress - self.bar.n)
+        done = 100 if event.type == "job.succeeded" else event.progress
+        if self.bar is not None and done is not None and done > self.bar.n:
+            self.bar.update(done - self.bar.n)
         if not self.tty and event.id is not None and event.type != "job.progress":
             click.echo(f"  {event.type}", err=True)
 
