@@ -5,7 +5,7 @@ genqueue_client.core) and import nothing of the server's own code, so they behav
 product backend using the client would.
 Exit codes: 0 succeeded (or done), 1 the job failed, 2 usage error, 3 the job was canceled,
 4 the API refused the request (problem+json), 5 the server could not be reached, 6 --timeout
-passed while waiting (the job goes on).
+passed while waiting (the job goes on), 130 interrupted (Ctrl-C; the job goes on).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import genqueue_client as gq
 from genqueue_client.core import DEFAULT_URL, KEY_ENV, URL_ENV
 
 EXIT_FAILED, EXIT_USAGE, EXIT_CANCELED, EXIT_API, EXIT_TRANSPORT, EXIT_TIMEOUT = 1, 2, 3, 4, 5, 6
+EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports SIGINT
 EXIT_BY_STATUS = {"succeeded": 0, "failed": EXIT_FAILED, "canceled": EXIT_CANCELED}
 SUFFIXES = {"video": "mp4", "thumbnail": "jpg", "text": "txt"}
 F = TypeVar("F", bound=Callable[..., Any])
@@ -58,6 +59,9 @@ def answered() -> Iterator[None]:
     except gq.WaitTimeout as exc:
         click.echo(f"error: {exc} (it goes on; `genqueue jobs get` shows it)", err=True)
         sys.exit(EXIT_TIMEOUT)
+    except KeyboardInterrupt:  # not click's "Aborted!" (exit 1, which here means a failed job)
+        click.echo("interrupted (a submitted job goes on: `genqueue jobs cancel <id>` stops it)", err=True)
+        sys.exit(EXIT_INTERRUPTED)
 
 
 def _value(raw: str) -> Any:

@@ -162,7 +162,10 @@ class Core:
         headers = {"Idempotency-Key": idempotency_key or str(uuid.uuid4())}
         if wait_s:
             headers["Prefer"] = f"wait={wait_s}"
-        resp = yield from self.call(self.request("POST", "/v1/jobs", json=body, headers=headers))
+        req = self.request("POST", "/v1/jobs", json=body, headers=headers)
+        if wait_s:  # the server holds the answer up to wait_s: the read timeout must outlast it
+            req.extensions["timeout"] = httpx.Timeout(10.0, read=wait_s + 30.0).as_dict()
+        resp = yield from self.call(req)
         return Job.from_json(resp.json())
 
     def get(self, job_id: str) -> Op[Job]:

@@ -4,15 +4,14 @@ a real worker: the output file plays, and the exit code says how the job ended."
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import signal
 from pathlib import Path
 
 import av
 import httpx
 
 import genqueue_client as gq
-from tests.support.client import environment, genqueue
+from tests.support.client import genqueue, spawn
 from tests.support.procs import wait_for
 
 VIDEO = ["--param", "width=64", "--param", "height=64", "--param", "num_frames=5", "--param", "steps=4"]
@@ -39,10 +38,7 @@ def test_run_exits_1_when_the_job_fails(web, api_key, module_worker) -> None:
 
 def test_run_exits_3_when_the_job_is_canceled(web, api_key, module_worker, monkeypatch) -> None:
     monkeypatch.setenv("GENQUEUE_ECHO_STEP_SECONDS", "0.2")  # the in-process worker: 20 s of steps
-    cmd = [sys.executable, "-m", "app.cli", "run", "a slow fox", *VIDEO, "--param", "steps=100", "--json"]
-    proc = subprocess.Popen(
-        cmd, env=environment(web, api_key), stdout=subprocess.PIPE, stderr=subprocess.PIPE
-    )
+    proc = spawn(web, api_key, "run", "a slow fox", *VIDEO, "--param", "steps=100", "--json")
     with gq.Client(web, api_key) as client:
         job = wait_for(lambda: next(client.list(status="running"), None), 30, 0.1, "the job to run")
         client.cancel(job.id)
@@ -89,3 +85,15 @@ def test_jobs_commands(web, api_key, module_worker, tmp_path: Path) -> None:
     assert genqueue(web, api_key, "jobs", "delete", job.id).returncode == 0
     gone = genqueue(web, api_key, "jobs", "download", job.id, "--out", str(tmp_path / "x.mp4"))
     assert gone.returncode == 4 and "[data-removed]" in gone.stderr
+
+
+def test_an_interrupted_run_exits_130_and_leaves_the_job(web, api_key, module_worker, monkeypatch) -> None:
+    monkeypatch.setenv("GENQUEUE_ECHO_STEP_SECONDS", "0.2")
+    proc = spawn(web, api_key, "run", "a slow fox", *VIDEO, "--param", "steps=100")
+    with gq.Client(web, api_key) as client:
+        job = wait_for(lambda: next(client.list(status="running"), None), 30, 0.1, "the job to run")
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)
+        assert proc.returncode == 130, stderr
+        assert b"goes on" in stderr and client.get(job.id).status == "running"
+        client.cancel(job.id)

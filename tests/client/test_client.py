@@ -77,6 +77,11 @@ def test_idempotency_key_given_twice_is_one_job(gqc) -> None:
     assert err.value.errors[0]["field"] == "Idempotency-Key"
 
 
+def test_prefer_wait_answers_with_the_finished_job(gqc, module_worker) -> None:
+    job = gqc.submit("a quick fox", "text", wait_s=20)
+    assert job.status == "succeeded" and job.text
+
+
 def test_list_iterates_every_page_newest_first(gqc, recorder) -> None:
     ids = [gqc.submit(f"job {n}", "text", cache=False).id for n in range(5)]
     before = len(recorder.seen)

@@ -58,3 +58,9 @@ def genqueue(web: str, key: str, *args: str, **kw: Any) -> subprocess.CompletedP
     """`genqueue ARGS` as a user runs it, against `web` with `key`; its output and exit code."""
     cmd = [sys.executable, "-m", "app.cli", *args]
     return subprocess.run(cmd, env=environment(web, key), capture_output=True, text=True, timeout=120, **kw)
+
+
+def spawn(web: str, key: str, *args: str) -> subprocess.Popen[bytes]:
+    """`genqueue ARGS` started in the background (to be canceled or interrupted meanwhile)."""
+    cmd = [sys.executable, "-m", "app.cli", *args]
+    return subprocess.Popen(cmd, env=environment(web, key), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
