@@ -1,5 +1,5 @@
 """The `genqueue` command: demo, serving, migrations, the production stack, supervised workers, Flower,
-the metrics exporter."""
+the metrics exporter; the API client's `run` and `jobs` (app.client_cli)."""
 
 from __future__ import annotations
 
@@ -13,13 +13,14 @@ from typing import Any
 
 import click
 
+from app.client_cli import jobs, run
 from app.keys_cli import keys, tenants
 from app.usage_cli import usage
 from models import logs
 from models.settings import Settings
 
 DEFAULT_DATA_DIR = Path("var/embedded")
-DEV_COMMANDS = frozenset({"demo", "serve"})  # text logs unless GENQUEUE_LOG_FORMAT says otherwise
+DEV_COMMANDS = frozenset({"demo", "serve", "run", "jobs"})  # text logs unless GENQUEUE_LOG_FORMAT says so
 
 
 def _offline() -> None:
@@ -293,6 +294,8 @@ def flower(flower_args: tuple[str, ...]) -> None:
 main.add_command(keys)
 main.add_command(tenants)
 main.add_command(usage)
+main.add_command(run)  # the client commands (genqueue_client only)
+main.add_command(jobs)
 
 if __name__ == "__main__":
     main()
