@@ -173,13 +173,24 @@ def test_events_resume_with_last_event_id_across_closed_streams(
 
 
 def test_wait_falls_back_to_polling_when_no_stream_is_allowed(
-    settings, sessions, api_key, recorder, module_worker, tmp_path_factory
+    settings, sessions, api_key, recorder, module_worker, tmp_path_factory, monkeypatch
 ) -> None:
-    server = start_web(settings, tmp_path_factory, GENQUEUE_STREAM_MAX_PER_TENANT=0)
+    # One stream per tenant, and this test holds it on the job itself: the client's own stream
+    # request meets the cap (429) and it must poll instead.
+    server = start_web(settings, tmp_path_factory, GENQUEUE_STREAM_MAX_PER_TENANT=1)
+    monkeypatch.setenv("GENQUEUE_ECHO_STEP_SECONDS", "0.05")  # the job outlasts the held stream's start
     with server as base, recording(base, api_key, recorder) as c:
-        job = c.submit("a fox", "video", params=VIDEO)
-        moves: list[gq.Event] = []
-        done = c.wait(job.id, poll_s=0.05, on_event=moves.append, timeout=60)
+        job = c.submit("a fox", "video", params=SLOW_VIDEO)
+        held = {"Authorization": f"Bearer {api_key}", "Accept": "text/event-stream"}
+        with httpx.stream("GET", f"{base}/v1/jobs/{job.id}/events", headers=held, timeout=60) as stream:
+            assert stream.status_code == 200
+            # The slot is taken once the first bytes arrive; the iterator is kept (a discarded one
+            # closes the connection, and the server then frees the slot).
+            chunks = stream.iter_bytes()
+            next(chunks)
+            moves: list[gq.Event] = []
+            done = c.wait(job.id, poll_s=0.05, on_event=moves.append, timeout=60)
+            assert next(chunks)  # still open: the cap held all along
     assert done.status == "succeeded"
     assert recorder.statuses("/events") == [429]  # the stream cap: straight to polling
     assert moves and moves[-1].progress == 100
