@@ -45,7 +45,8 @@ from models.base import utcnow
 from models.db import autocommit, read_only, transaction
 from models.job import TERMINAL
 from models.media_links import VARIANTS
-from models.resource import job_resource
+from models.resource import Job as JobResource
+from models.resource import job_list, job_model
 from tasks.contract.names import THUMBNAIL_NAME
 from tasks.contract.publish import publish_job
 from tasks.contract.transient import is_transient
@@ -117,11 +118,15 @@ def queue_positions(session: Session, jobs: list[Job]) -> dict[uuid.UUID, int]:
     return _queue().positions(session, jobs)
 
 
-def resource_of(job: Job, position: int | None) -> dict[str, Any]:
+def model_of(job: Job, position: int | None) -> JobResource:
     """The job resource as this API answers it: its links, signed ones included."""
     base = services().settings.public_base_url.rstrip("/")
     signer, signed_base = media.signer(), media.signed_base_url()
-    return job_resource(job, base, position, signer, signed_base, services().settings.retention_s)
+    return job_model(job, base, position, signer, signed_base, services().settings.retention_s)
+
+
+def resource_of(job: Job, position: int | None) -> dict[str, Any]:
+    return model_of(job, position).public()
 
 
 def _resource(session: Session, job: Job) -> dict[str, Any]:
@@ -347,8 +352,8 @@ def list_jobs() -> Response:
         jobs = list(s.scalars(stmt))
         page, more = jobs[: query.limit], len(jobs) > query.limit
         positions = queue_positions(s, page)
-        data = [resource_of(j, positions.get(j.id)) for j in page]
-    return jsonify({"data": data, "next_cursor": _encode_cursor(page[-1]) if more else None})
+        data = [model_of(j, positions.get(j.id)) for j in page]
+    return jsonify(job_list(data, _encode_cursor(page[-1]) if more else None))
 
 
 @bp.get("/jobs/<job_id>/content")
