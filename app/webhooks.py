@@ -12,8 +12,9 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from app.auth import owned, tenant_id
+from app.body import json_body
 from app.errors import Conflict, NotFound, ValidationFailed
-from app.jobs import _json_body, _load
+from app.job_access import load_job
 from app.schemas import field_errors
 from app.services import services
 from app.webhook_resources import (
@@ -55,7 +56,7 @@ def _uuid(raw: str, what: str) -> uuid.UUID:
 @bp.post("/webhooks")
 def create_endpoint() -> tuple[Response, int, dict[str, str]]:
     svc = services()
-    body = _json_body()
+    body = json_body()
     try:
         req = EndpointCreate.model_validate(body, context={"settings": svc.settings})
     except ValidationError as exc:
@@ -137,7 +138,7 @@ def rotate() -> tuple[Response, int, dict[str, str]]:
 @bp.get("/jobs/<job_id>/webhook-deliveries")
 def list_deliveries(job_id: str) -> Response:
     with services().sessions() as s:
-        job = _load(s, job_id)
+        job = load_job(s, job_id)
         return jsonify(delivery_list(list(job_deliveries(s, job.id))))
 
 
