@@ -2,6 +2,8 @@
 
 The models are the only definition of the resource: job_resource builds a `Job` and dumps it, so
 a field added here appears in every answer (API, CLI, webhook payloads) and in the document.
+To add one: declare it on its model below (with a `description`), and set it in job_model; a
+model without it, or a value for a field the model lacks, is a ValidationError at once.
 """
 
 from __future__ import annotations
