@@ -5,17 +5,27 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from flask import Blueprint, Response, current_app, jsonify
-from pydantic import TypeAdapter
+from pydantic import BaseModel, TypeAdapter
 
-from app import api_docs, events_openapi, openapi_rules, webhooks_openapi
+from app import api_docs, openapi_rules, webhook_resources, webhooks_openapi
+from app.errors import Problem
+from app.events_openapi import paths as events_paths
+from app.health import Health, Ready
 from app.openapi_examples import TAGS, add_examples, add_tags
-from app.openapi_models import Health, Job, JobList, Problem, Ready, Usage
 from app.openapi_parts import REF, json_answer, op, param, problems, ref
 from app.schemas import job_create_adapter
 from app.services import extension
+from models.events import JobEvent, JobEventList
+from models.resource import Job, JobList
+from models.usage import Usage
 
 bp = Blueprint("openapi", __name__)
-RESPONSES = (Job, JobList, Problem, Health, Ready, Usage)
+# The models the endpoints serialize their answers with: the document's schemas are theirs.
+RESPONSES: tuple[type[BaseModel], ...] = (
+    *(Job, JobList, Problem, Health, Ready, Usage),
+    *webhook_resources.MODELS,
+    *(JobEvent, JobEventList),
+)
 
 
 def _schemas() -> dict[str, Any]:
@@ -25,8 +35,6 @@ def _schemas() -> dict[str, Any]:
         ("JobCreate", job_create_adapter, "validation"),
         *[(m.__name__, TypeAdapter(m), "serialization") for m in RESPONSES],
         *[(m.__name__, TypeAdapter(m), "validation") for m in webhooks_openapi.REQUESTS],
-        *[(m.__name__, TypeAdapter(m), "serialization") for m in webhooks_openapi.MODELS],
-        *[(m.__name__, TypeAdapter(m), "serialization") for m in events_openapi.MODELS],
     ]
     for name, adapter, mode in named:
         schema = adapter.json_schema(ref_template=REF, mode=mode)
@@ -97,7 +105,7 @@ def _paths() -> dict[str, Any]:
             "GetJobEvents": {"operationId": "getJobEvents", **job_link},
         }
     submit["requestBody"] = {"required": True, "content": {"application/json": {"schema": ref("JobCreate")}}}
-    paths = webhooks_openapi.paths() | events_openapi.paths() | {
+    paths = webhooks_openapi.paths() | events_paths() | {
         "/v1/jobs": {
             "post": submit,
             "get": op(

@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,21 +62,48 @@ def worker_env(settings: Settings, **extra: Any) -> dict[str, str]:
     return env
 
 
+@dataclass
+class Gunicorn:
+    """A running gunicorn master: its base URL, process and log file."""
+
+    base: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+
 @contextmanager
-def gunicorn_web(settings: Settings, log: Path, **env: Any) -> Iterator[str]:
-    """The production web server (ops/gunicorn.conf.py, one worker) on a free port; its base URL."""
+def gunicorn(settings: Settings, log: Path, *args: str, workers: int = 1, **env: Any) -> Iterator[Gunicorn]:
+    """The production web server (ops/gunicorn.conf.py) on a free port, up once every worker booted.
+
+    `args` go to gunicorn's command line; `env` overrides the environment (None: unset)."""
     import httpx
 
     port = free_port()
-    penv = worker_env(settings, HOST="127.0.0.1", PORT=port, WEB_CONCURRENCY=1, GENQUEUE_LOG_FORMAT="text")
-    penv |= {k: str(v) for k, v in env.items()}
-    cmd = [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "ops/gunicorn.conf.py"), "app:create_app()"]
+    penv = worker_env(
+        settings, HOST="127.0.0.1", PORT=port, WEB_CONCURRENCY=workers, GENQUEUE_LOG_FORMAT="text"
+    )
+    for key, value in env.items():
+        if value is None:
+            penv.pop(key, None)
+        else:
+            penv[key] = str(value)
+    cmd = [
+        sys.executable,
+        "-m",
+        "gunicorn",
+        "-c",
+        str(ROOT / "ops/gunicorn.conf.py"),
+        *args,
+        "app:create_app()",
+    ]
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=penv, stdout=out, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
 
     def up() -> bool:
         assert proc.poll() is None, log.read_text()
+        if workers > 1 and log.read_text().count("Booting worker") < workers:
+            return False
         try:
             return httpx.get(f"{base}/v1/health", timeout=1).status_code == 200
         except httpx.HTTPError:
@@ -83,10 +111,17 @@ def gunicorn_web(settings: Settings, log: Path, **env: Any) -> Iterator[str]:
 
     try:
         wait_for(up, 60, what="gunicorn")
-        yield base
+        yield Gunicorn(base, proc, log)
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+@contextmanager
+def gunicorn_web(settings: Settings, log: Path, *args: str, **env: Any) -> Iterator[str]:
+    """gunicorn (above) with one worker unless `workers=` says otherwise; its base URL."""
+    with gunicorn(settings, log, *args, **env) as server:
+        yield server.base
 
 
 class Worker:
