@@ -1,5 +1,5 @@
 """The `genqueue` command: demo, serving, migrations, the production stack, supervised workers, Flower,
-the metrics exporter."""
+the metrics exporter; the API client's `run` and `jobs` (app.client_cli)."""
 
 from __future__ import annotations
 
@@ -13,13 +13,14 @@ from typing import Any
 
 import click
 
+from app.client_cli import jobs, run
 from app.keys_cli import keys, tenants
 from app.usage_cli import usage
 from models import logs
 from models.settings import Settings
 
 DEFAULT_DATA_DIR = Path("var/embedded")
-DEV_COMMANDS = frozenset({"demo", "serve"})  # text logs unless GENQUEUE_LOG_FORMAT says otherwise
+DEV_COMMANDS = frozenset({"demo", "serve", "run", "jobs"})  # text logs unless GENQUEUE_LOG_FORMAT says so
 
 
 def _offline() -> None:
@@ -125,14 +126,18 @@ def demo(prompt: str, modality: str, data_dir: Path, params: tuple[str, ...]) ->
         err = job.get("error") or {}
         raise click.ClickException(f"job {job['status']}: {err.get('code')}: {err.get('message')}")
     click.echo(f"Text: {job['outputs']['text']}")
-    from tasks.contract.names import VIDEO_NAME, image_name, job_dir
+    from tasks.contract.names import VIDEO_NAME, artifact_key, image_name, job_dir
 
-    folder = job_dir(settings.artifact_dir, job["id"]).resolve()
     if modality == "video":
-        click.echo(f"Video: {folder / VIDEO_NAME}")
-    elif modality == "image":
-        for index in range(len(job["outputs"]["images"] or [])):
-            click.echo(f"Image: {folder / image_name(index)}")
+        files = [("Video", VIDEO_NAME)]
+    else:  # an image job's PNGs; a text job has no files
+        files = [("Image", image_name(index)) for index in range(len(job["outputs"].get("images") or []))]
+    for label, name in files:
+        if settings.storage_backend == "s3":
+            key = artifact_key(job["id"], name)
+            click.echo(f"{label}: s3://{settings.storage_s3_bucket}/{settings.storage_s3_prefix}{key}")
+        else:
+            click.echo(f"{label}: {(job_dir(settings.artifact_dir, job['id']) / name).resolve()}")
 
 
 @main.command()
@@ -295,6 +300,8 @@ def flower(flower_args: tuple[str, ...]) -> None:
 main.add_command(keys)
 main.add_command(tenants)
 main.add_command(usage)
+main.add_command(run)  # the client commands (genqueue_client only)
+main.add_command(jobs)
 
 if __name__ == "__main__":
     main()

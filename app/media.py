@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import uuid
 
-from flask import Blueprint, Response, request, send_from_directory
+from flask import Blueprint, Response, request
 
-from app.artifact_files import file_of, has_variant
+from app import downloads
 from app.errors import Forbidden, Gone, NotFound
 from app.services import services
 from models import Job
@@ -30,8 +31,10 @@ def signed_base_url() -> str:
     return services().settings.public_base_url.rstrip("/") or request.host_url.rstrip("/")
 
 
-def signer() -> MediaSigner | None:
-    return services().media_signer
+def signer(ttl_s: int | None = None) -> MediaSigner | None:
+    """The server's signer; `ttl_s` (a plan's link lifetime) for the links it issues."""
+    sign = services().media_signer
+    return sign if sign is None or ttl_s is None else dataclasses.replace(sign, ttl_s=ttl_s)
 
 
 def _gone(job_id: str, variant: str) -> NotFound:
@@ -66,7 +69,7 @@ def media(job_id: str, variant: str) -> Response:
     svc = services()
     with read_only(svc.sessions) as s:
         job = s.get(Job, jid)
-    if job is None or not (variant in VARIANTS or has_variant(job.modality, variant)):
+    if job is None or not (variant in VARIANTS or downloads.has_variant(job.modality, variant)):
         raise _gone(job_id, variant)
     if job.data_removed_at is not None:
         raise Gone(f"Job {job_id}'s outputs were removed (expired or deleted).")
@@ -77,11 +80,7 @@ def media(job_id: str, variant: str) -> Response:
         resp.set_etag(hashlib.sha256(job.output_text.encode()).hexdigest()[:32])
         resp.make_conditional(request)
         return _cached(resp, max_age)
-    found = file_of(job, variant)
-    if found is None:
+    if downloads.object_of(job, variant) is None:
         raise _gone(job_id, variant)
-    name, mimetype = found
-    # conditional: Range -> 206 (416 beyond the end), Accept-Ranges, ETag, 304; a file removed
-    # since (the job's outputs cleaned up) is werkzeug's 404, answered as problem+json.
-    resp = send_from_directory(svc.artifact_dir, name, mimetype=mimetype, conditional=True)
-    return _cached(resp, max_age)
+    presign = max_age if svc.settings.storage_s3_presigned_links else None
+    return _cached(downloads.send_variant(job, variant, presign_s=presign), max_age)

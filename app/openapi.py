@@ -5,19 +5,29 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from flask import Blueprint, Response, current_app, jsonify
-from pydantic import TypeAdapter
+from pydantic import BaseModel, TypeAdapter
 
-from app import api_docs, events_openapi, openapi_rules, webhooks_openapi
-from app.artifact_files import CONTENT_VARIANTS
+from app import api_docs, openapi_rules, webhook_resources, webhooks_openapi
+from app.downloads import CONTENT_VARIANTS
+from app.errors import Problem
+from app.events_openapi import paths as events_paths
+from app.health import Health, Ready
 from app.openapi_examples import TAGS, add_examples, add_tags
-from app.openapi_models import Health, Job, JobList, Problem, Ready, Usage
 from app.openapi_parts import REF, json_answer, op, param, problems, ref
 from app.schemas import job_create_adapter
 from app.services import extension
+from models.events import JobEvent, JobEventList
 from models.media_links import IMAGE_FORMATS, VARIANTS
+from models.resource import Job, JobList
+from models.usage import Usage
 
 bp = Blueprint("openapi", __name__)
-RESPONSES = (Job, JobList, Problem, Health, Ready, Usage)
+# The models the endpoints serialize their answers with: the document's schemas are theirs.
+RESPONSES: tuple[type[BaseModel], ...] = (
+    *(Job, JobList, Problem, Health, Ready, Usage),
+    *webhook_resources.MODELS,
+    *(JobEvent, JobEventList),
+)
 
 
 def _schemas() -> dict[str, Any]:
@@ -27,8 +37,6 @@ def _schemas() -> dict[str, Any]:
         ("JobCreate", job_create_adapter, "validation"),
         *[(m.__name__, TypeAdapter(m), "serialization") for m in RESPONSES],
         *[(m.__name__, TypeAdapter(m), "validation") for m in webhooks_openapi.REQUESTS],
-        *[(m.__name__, TypeAdapter(m), "serialization") for m in webhooks_openapi.MODELS],
-        *[(m.__name__, TypeAdapter(m), "serialization") for m in events_openapi.MODELS],
     ]
     for name, adapter, mode in named:
         schema = adapter.json_schema(ref_template=REF, mode=mode)
@@ -51,8 +59,10 @@ def _paths() -> dict[str, Any]:
         "`index` and `format`.",
     )
     image_index = param(
-        "index", "query", {"type": "string", "pattern": "^[0-9]{1,2}$"}, "variant=image: which image, from 0 "
-        "(default) to num_images - 1; beyond: 404."
+        "index",
+        "query",
+        {"type": "string", "pattern": "^[0-9]{1,2}$"},
+        "variant=image: which image, from 0 (default) to num_images - 1; beyond: 404.",
     )
     formats = {"type": "string", "enum": list(IMAGE_FORMATS)}
     image_format = param("format", "query", formats, "variant=image: png (default) or webp.")
@@ -114,7 +124,7 @@ def _paths() -> dict[str, Any]:
             "GetJobEvents": {"operationId": "getJobEvents", **job_link},
         }
     submit["requestBody"] = {"required": True, "content": {"application/json": {"schema": ref("JobCreate")}}}
-    paths = webhooks_openapi.paths() | events_openapi.paths() | {
+    paths = webhooks_openapi.paths() | events_paths() | {
         "/v1/jobs": {
             "post": submit,
             "get": op(
@@ -263,6 +273,11 @@ def _media(job_id: Any, variants: Any, binary: Any, unsatisfiable: Any) -> Any:
         {
             "200": found,
             "206": partial,
+            "302": {
+                "description": "With `storage_s3_presigned_links` (video and thumbnail): the bytes are at "
+                "a presigned S3 URL that expires with the link",
+                "headers": {**cache, "Location": {"schema": text}},
+            },
             "304": {"description": "Not modified"},
             **forbidden,
             **gone,

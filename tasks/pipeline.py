@@ -12,7 +12,6 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from celery import Task, shared_task
@@ -21,6 +20,7 @@ from models import Job, Stage, logs, states
 from models.db import transaction
 from models.recovery import deadline_in, entry_deadline
 from models.settings import Settings
+from models.storage import Storage
 from tasks import artifacts, compensation, degrade, failures, metrics, outcome
 from tasks.batching import Meter, run_batched
 from tasks.contract import names
@@ -154,7 +154,7 @@ def generate_video(self: Task[[str], None], job_id: str) -> None:
 
 @shared_task(bind=True, name=names.GENERATE_IMAGE)
 def generate_image(self: Task[[str], None], job_id: str) -> None:
-    """Render the image prompt to `num_images` PNGs and WebPs (+ thumbnail) under the artifact dir."""
+    """Render the image prompt to `num_images` PNGs and WebPs (+ thumbnail) in the artifact storage."""
     rt = runtime(self.app)
     jid = uuid.UUID(job_id)
     with failures.infra_retry(self, rt, jid, Stage.IMAGE):
@@ -165,13 +165,13 @@ def generate_image(self: Task[[str], None], job_id: str) -> None:
 class Render:
     """What a render stage does of its own: build its request from the job, write its files.
 
-    `persist(artifact_dir, job_id, result)` returns (main file's relative path, bytes of all
-    files, frames or images rendered). Everything else (enter, degrade, batch, charge, fail,
-    complete, settle) is the one path in _render_stage.
+    `persist(storage, job_id, result)` returns (main file's key, bytes of all files, frames or
+    images rendered). Everything else (enter, degrade, batch, charge, fail, complete, settle) is
+    the one path in _render_stage.
     """
 
     request: Callable[[Job, Settings], Any]
-    persist: Callable[[Path, uuid.UUID, Any], tuple[str, int, int]]
+    persist: Callable[[Storage, uuid.UUID, Any], tuple[str, int, int]]
 
 
 def _render_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID, stage: Stage) -> None:
@@ -186,7 +186,7 @@ def _render_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID, stage: S
     meter = Meter()
     try:
         result, seconds = _render(self, rt, job, stage, run_request, model, meter)
-        relpath, size, count = render.persist(rt.artifact_dir, jid, result)
+        relpath, size, count = render.persist(rt.storage, jid, result)
     except Exception as exc:
         _charge(rt, jid, stage, meter, model)
         failures.handle(self, rt, job, stage, exc, render_request=request)
@@ -226,13 +226,13 @@ def _image_request(job: Job, s_: Settings) -> ImageRequest:
     )
 
 
-def _persist_video(root: Path, jid: uuid.UUID, result: VideoResult) -> tuple[str, int, int]:
-    relpath, size = artifacts.write_video(root, jid, result.frames, result.fps)
+def _persist_video(storage: Storage, jid: uuid.UUID, result: VideoResult) -> tuple[str, int, int]:
+    relpath, size = artifacts.write_video(storage, jid, result.frames, result.fps)
     return relpath, size, int(result.frames.shape[0])
 
 
-def _persist_images(root: Path, jid: uuid.UUID, result: ImageResult) -> tuple[str, int, int]:
-    relpath, size = artifacts.write_images(root, jid, result.images)
+def _persist_images(storage: Storage, jid: uuid.UUID, result: ImageResult) -> tuple[str, int, int]:
+    relpath, size = artifacts.write_images(storage, jid, result.images)
     return relpath, size, int(result.images.shape[0])
 
 

@@ -11,6 +11,7 @@ import pytest
 from PIL import Image
 
 from models import catalog
+from models.storage import LocalStorage
 from tasks.artifacts import write_images
 from tasks.generators import registry
 from tasks.generators.base import Canceled, ImageRequest, InvalidRequest
@@ -55,8 +56,8 @@ def test_write_images_writes_png_webp_and_a_thumbnail(tmp_path: Path) -> None:
     images = np.random.default_rng(0).integers(0, 255, (2, 32, 48, 3), dtype=np.uint8)
     jid = uuid.uuid4()
     folder = tmp_path / str(jid)
-    relpath, size = write_images(tmp_path, jid, images)
-    assert relpath == f"{jid}/image-0.png"
+    key, size = write_images(LocalStorage(tmp_path), jid, images)
+    assert key == f"{jid}/image-0.png"
     names = sorted(p.name for p in folder.iterdir())
     assert names == ["image-0.png", "image-0.webp", "image-1.png", "image-1.webp", "thumbnail.jpg"]
     assert size == sum((folder / n).stat().st_size for n in names if n.startswith("image"))
@@ -65,7 +66,7 @@ def test_write_images_writes_png_webp_and_a_thumbnail(tmp_path: Path) -> None:
             with Image.open(folder / f"image-{k}.{fmt}") as im:
                 assert np.array_equal(np.asarray(im.convert("RGB")), images[k])  # lossless both
     first = (folder / "image-0.png").read_bytes()
-    write_images(tmp_path, jid, images)  # a redelivery rewrites the same bytes
+    write_images(LocalStorage(tmp_path), jid, images)  # a redelivery rewrites the same bytes
     assert (folder / "image-0.png").read_bytes() == first
 
 
