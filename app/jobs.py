@@ -34,6 +34,7 @@ from app.errors import (
     ValidationFailed,
 )
 from app.metrics import hold_started
+from app.model_choice import choose as choose_models
 from app.prompt_check import PromptCheck
 from app.published import PublishedMarks
 from app.queue import QueueCounts
@@ -172,9 +173,10 @@ def submit() -> Answer:
     if idem is not None and (prior := idem.prior(svc.sessions)) is not None:
         return _accepted(prior, replayed=True)
     job_id, params = uuid.uuid4(), complete_params(req, svc.settings)
+    models = choose_models(svc.settings, req.modality, req.model)  # 422 for an unknown one
     logs.bind(job_id=job_id)
     gate = admission()
-    gate.admit(who, job_id, req.modality, req.prompt, req.priority or "normal", params)  # 403/503/429
+    gate.admit(who, job_id, req.modality, req.prompt, req.priority or "normal", params, models)  # 403/503/429
     now = utcnow()
     job = Job(
         id=job_id,
@@ -183,6 +185,7 @@ def submit() -> Answer:
         modality=req.modality,
         prompt=req.prompt,
         params=params,
+        models={stage: {"asked": model_id} for stage, model_id in models.items()},
         priority=req.priority or "normal",
         meta=req.metadata or {},
         webhook=req.webhook.model_dump(exclude_none=True) if req.webhook else None,
@@ -244,7 +247,8 @@ def _insert(s: Session, job: Job, cacheable: bool) -> None:
         states.insert_new(s, job)
         return
     settings = services().settings
-    key = cache.cache_key(settings, job.modality, job.prompt, job.params)
+    asked = {stage: m["asked"] for stage, m in (job.models or {}).items()}
+    key = cache.cache_key(settings, job.modality, job.prompt, job.params, asked)
     source = cache.find_source(s, key, services().artifact_dir, job.tenant_id)
     if source is None:
         job.cache_key = key

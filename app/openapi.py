@@ -9,13 +9,13 @@ from pydantic import TypeAdapter
 
 from app import api_docs, events_openapi, openapi_rules, webhooks_openapi
 from app.openapi_examples import TAGS, add_examples, add_tags
-from app.openapi_models import Health, Job, JobList, Problem, Ready, Usage
+from app.openapi_models import Health, Job, JobList, ModelList, Problem, Ready, Usage
 from app.openapi_parts import REF, json_answer, op, param, problems, ref
 from app.schemas import job_create_adapter
 from app.services import extension
 
 bp = Blueprint("openapi", __name__)
-RESPONSES = (Job, JobList, Problem, Health, Ready, Usage)
+RESPONSES = (Job, JobList, Problem, Health, Ready, Usage, ModelList)
 
 
 def _schemas() -> dict[str, Any]:
@@ -161,6 +161,13 @@ def _paths() -> dict[str, Any]:
                 "The calling tenant's usage: jobs by outcome, GPU seconds, tokens, frames, cache hits",
                 {"200": json_answer("Usage", "Usage of the jobs submitted in the window"), **problems(422)},
                 *openapi_rules.usage_params(),
+            )
+        },
+        "/v1/models": {
+            "get": op(
+                "listModels",
+                "The models a job may name (`model`): stage, default, params, version, queue, warm",
+                {"200": json_answer("ModelList", "Every configured model")},
             )
         },
         "/v1/media/{job_id}/{variant}": {"get": _media(job_id, variants, binary, unsatisfiable)},

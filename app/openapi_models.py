@@ -46,6 +46,12 @@ class JobTimings(_Doc):
     gpu_s: float | None
 
 
+class JobModel(_Doc):
+    asked: str | None = Field(description="The model id the job named for this stage, or the default.")
+    id: str | None = Field(description="The model that ran (differs after a degraded retry); null until then.")
+    version: str | None = Field(description="Its version (package version, or a local folder's stamp).")
+
+
 class Job(_Doc):
     """The job resource (models.resource.job_resource)."""
 
@@ -65,6 +71,9 @@ class Job(_Doc):
     degraded: dict[str, Any] | None = Field(
         description="Set when the video stage was retried at a lower cost: reason, from, to."
     )
+    models: dict[str, JobModel] = Field(
+        description="Per stage (`text`, `video`): the model asked for and the one that ran, with its version."
+    )
     cached: bool = Field(description="Answered from an identical earlier job, not computed again.")
     source_job_id: str | None = Field(description="The identical job a cached one reused; else null.")
     timings: JobTimings
@@ -77,6 +86,30 @@ class Job(_Doc):
         description="The outputs, prompt and files were removed (expired, or DELETE); content and "
         "signed links answer 410. The job still counts in usage."
     )
+
+
+class ModelInfo(_Doc):
+    """A model a job may name (app.models_api.model_resource)."""
+
+    object: Literal["model"]
+    id: str = Field(description="What a job's `model` names.")
+    stage: str = Field(description="The pipeline stage it runs (`text`, `video`).")
+    modalities: list[str] = Field(description="The job modalities that run this stage.")
+    default: bool = Field(description="The stage's model when a job names none.")
+    source: Literal["builtin", "directory", "adapter"] = Field(
+        description="Bundled, a local model directory, or an adapter class (`module:Class`)."
+    )
+    version: str = Field(description="Package version or a local folder's stamp; part of the cache key.")
+    queue: str = Field(description="The worker queue that serves the stage.")
+    warm: bool | None = Field(description="A live worker process has it loaded; null: unknown (Redis down).")
+    warm_workers: int | None = Field(description="How many live worker processes have it loaded.")
+    allowed: bool = Field(description="The caller's plan lets its jobs run it (else 403 on submit).")
+    params: dict[str, Any] = Field(description="JSON Schema of `params` for a job running it: names, bounds.")
+
+
+class ModelList(_Doc):
+    object: Literal["list"]
+    data: list[ModelInfo]
 
 
 class JobList(_Doc):

@@ -75,6 +75,11 @@ def job_resource(
         ),
         "attempts": job.attempts,
         "degraded": job.degraded,
+        # Per stage: the model id asked for (named or default), and the id and version that ran.
+        "models": {
+            stage: {"asked": m.get("asked"), "id": m.get("id"), "version": m.get("version")}
+            for stage, m in (job.models or {}).items()
+        },
         "cached": bool(job.cached),
         "source_job_id": str(job.source_job_id) if job.source_job_id else None,
         "timings": {

@@ -84,6 +84,24 @@ class Settings(BaseSettings):
         "bfloat16 on CUDA, float32 on CPU; bfloat16 on an AMX CPU runs batched text ~1.3x faster "
         "(docs/BENCHMARKS.md), but its rounding lets a row's greedy text depend on its batch-mates.",
     )
+    extra_models: str = Field(
+        "",
+        description="More models a job may name (`model`), beside the built-ins: comma-separated "
+        "`stage:id=spec`, spec a local model directory or a `module:Class` adapter, e.g. "
+        "`text:tinyllama=/models/tinyllama`.",
+    )
+    worker_max_models: int = Field(
+        2,
+        ge=1,
+        description="Models of one stage a worker process keeps loaded; loading one more unloads the "
+        "least recently used.",
+    )
+    model_heartbeat_s: float = Field(
+        10.0,
+        gt=0,
+        description="How often a worker process re-announces its loaded models in Redis (the `warm` of "
+        "GET /v1/models); an announcement lapses after 3x this.",
+    )
     worker_preload: str = Field(
         "",
         description="`text`, `video` or `text,video`: load those models when the worker process starts, "
@@ -374,6 +392,11 @@ class Settings(BaseSettings):
         "high", description="Default plan: highest `priority` (`low` < `normal` < `high`)."
     )
     plan_max_prompt_chars: int = Field(4000, description="Default plan: longest prompt in characters.")
+    plan_allowed_models: str = Field(
+        "",
+        description="Default plan: the models a job may run, comma-separated ids (`echo`: that id in "
+        "every stage; `video:echo`: one stage's); empty: every model.",
+    )
     admission_max_text_backlog: int = Field(
         10000,
         description="Jobs waiting for the text stage (queued) above which new jobs get 503 + Retry-After.",

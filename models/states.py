@@ -207,12 +207,14 @@ class Charge:
 
     gpu_s: float
     model: str
+    models: dict[str, Any] | None = None  # jobs.models recording what this attempt ran (tasks.job_models)
 
 
 def _charge_values(stage: Stage, charge: Charge) -> dict[str, Any]:
     column = Job.text_gpu_s if stage == Stage.TEXT else Job.video_gpu_s
     model_column = "text_model" if stage == Stage.TEXT else "video_model"
-    return {column.key: func.coalesce(column, 0.0) + round(charge.gpu_s, 6), model_column: charge.model}
+    values = {column.key: func.coalesce(column, 0.0) + round(charge.gpu_s, 6), model_column: charge.model}
+    return values | ({"models": charge.models} if charge.models is not None else {})
 
 
 def charge_attempt(session: Session, job_id: uuid.UUID, stage: Stage, charge: Charge) -> None:

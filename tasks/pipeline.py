@@ -18,7 +18,7 @@ from models import Job, Stage, logs, states
 from models.db import transaction
 from models.recovery import deadline_in, entry_deadline
 from models.settings import Settings
-from tasks import artifacts, compensation, degrade, failures, metrics, outcome
+from tasks import artifacts, compensation, degrade, failures, job_models, metrics, outcome
 from tasks.batching import Meter, run_batched
 from tasks.contract import names
 from tasks.contract.stages import ENTRY_STAGE, is_final
@@ -86,7 +86,7 @@ def _text_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID) -> None:
     final = is_final(job.modality, Stage.TEXT)
     # Per token: a text job's whole bar, or a video job's first TEXT_DONE_PROGRESS percent.
     watch = JobWatch(rt, jid, Stage.TEXT, progress_to=99 if final else TEXT_DONE_PROGRESS)
-    meter, model = Meter(), rt.settings.text_model
+    meter, model = Meter(), job_models.asked(job, Stage.TEXT, rt.settings)
     try:
         started = time.monotonic()
         result = run_batched(
@@ -96,12 +96,13 @@ def _text_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID) -> None:
             request,
             should_cancel=watch.canceled,
             on_progress=watch.on_step,
+            model=job_models.spec(rt.settings, Stage.TEXT, model),
             meter=meter,
         )
         if result.error is not None:
             raise result.error
     except Exception as exc:
-        _charge(rt, jid, Stage.TEXT, meter, model)
+        _charge(rt, jid, Stage.TEXT, _cost(rt, job, Stage.TEXT, meter, model))
         failures.handle(self, rt, job, Stage.TEXT, exc)
     seconds = round(time.monotonic() - started, 3)
     with transaction(rt.sessions) as s:
@@ -115,18 +116,23 @@ def _text_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID) -> None:
             # Now waiting for a video worker.
             deadline_at=None if final else deadline_in(rt.settings.queued_timeout_s),
             tokens=result.tokens,
-            charge=states.Charge(meter.seconds, model),  # in the same UPDATE: once, with the outcome
+            charge=_cost(rt, job, Stage.TEXT, meter, model),  # in the same UPDATE: once, with the outcome
         )
     if done:
         metrics.metrics().stage_duration.labels(Stage.TEXT).observe(seconds)
 
 
-def _charge(rt: Runtime, jid: uuid.UUID, stage: Stage, meter: Meter, model: str) -> None:
+def _cost(rt: Runtime, job: Job, stage: Stage, meter: Meter, model: str) -> states.Charge:
+    """An attempt's charge: its GPU seconds, and the model id (and version) that ran it."""
+    return states.Charge(meter.seconds, model, job_models.ran(job, stage, model, rt.settings))
+
+
+def _charge(rt: Runtime, jid: uuid.UUID, stage: Stage, charge: states.Charge) -> None:
     """Record the GPU time of an attempt that raised, before its failure is handled (retry,
     degrade, fail, cancel): it used the GPU whatever happens next. A successful attempt is
     charged in the transaction that records its result instead."""
     with transaction(rt.sessions) as s:
-        states.charge_attempt(s, jid, stage, states.Charge(meter.seconds, model))
+        states.charge_attempt(s, jid, stage, charge)
 
 
 @shared_task(bind=True, name=names.GENERATE_VIDEO)
@@ -148,13 +154,14 @@ def _video_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID) -> None:
     run_request, model = degrade.apply(job, request, rt.settings)
     meter = Meter()
     try:
-        result, seconds = _render(self, rt, job, run_request, model, meter)
+        spec = job_models.spec(rt.settings, Stage.VIDEO, model)
+        result, seconds = _render(self, rt, job, run_request, spec, meter)
         relpath, size = artifacts.write_video(rt.artifact_dir, jid, result.frames, result.fps)
     except Exception as exc:
-        _charge(rt, jid, Stage.VIDEO, meter, model)
+        _charge(rt, jid, Stage.VIDEO, _cost(rt, job, Stage.VIDEO, meter, model))
         failures.handle(self, rt, job, Stage.VIDEO, exc, video_request=request)
     with transaction(rt.sessions) as s:
-        charge = states.Charge(meter.seconds, model)
+        charge = _cost(rt, job, Stage.VIDEO, meter, model)
         frames = int(result.frames.shape[0])
         done = states.complete_video(s, jid, relpath, size, seconds, frames=frames, charge=charge)
     if done:
