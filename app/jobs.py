@@ -35,6 +35,7 @@ from app.errors import (
 )
 from app.metrics import hold_started
 from app.model_choice import choose as choose_models
+from app.model_choice import resolved as resolved_models
 from app.prompt_check import PromptCheck
 from app.published import PublishedMarks
 from app.queue import QueueCounts
@@ -176,7 +177,8 @@ def submit() -> Answer:
     models = choose_models(svc.settings, req.modality, req.model)  # 422 for an unknown one
     logs.bind(job_id=job_id)
     gate = admission()
-    gate.admit(who, job_id, req.modality, req.prompt, req.priority or "normal", params, models)  # 403/503/429
+    running = resolved_models(svc.settings, models)  # the plan limits the defaults too: 403
+    gate.admit(who, job_id, req.modality, req.prompt, req.priority or "normal", params, running)  # 503/429
     now = utcnow()
     job = Job(
         id=job_id,

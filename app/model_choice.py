@@ -17,8 +17,9 @@ def _modalities_running(stage: str) -> list[str]:
 
 def choose(
     settings: Settings, modality: str, asked: str | Mapping[catalog.StageName, str] | None
-) -> dict[str, str]:
-    """stage -> model id for every stage the job runs: the named ones, the defaults for the rest.
+) -> dict[str, str | None]:
+    """stage -> the model id named for it, for every stage the job runs (None: it named none, and
+    the worker runs its configured default).
 
     A plain id names the model of the job's last stage (the one that makes its output). Raises
     ValidationFailed (422) naming `model` or `model.<stage>` for an unknown model or stage.
@@ -36,10 +37,10 @@ def choose(
             runs = _modalities_running(key)
             message = f"only valid for {' or '.join(runs)} jobs" if runs else "unknown stage"
             errors.append({"field": f"model.{key}", "message": message})
-    chosen: dict[str, str] = {}
+    chosen: dict[str, str | None] = {}
     for stage in stages:
         if stage not in named:
-            chosen[stage] = catalog.default(settings, stage).id
+            chosen[stage] = None
             continue
         field, model_id = named[stage]
         if catalog.find(settings, stage, model_id) is None:
@@ -50,3 +51,8 @@ def choose(
     if errors:
         raise ValidationFailed("The job is invalid.", errors=errors)
     return chosen
+
+
+def resolved(settings: Settings, chosen: Mapping[str, str | None]) -> dict[str, str]:
+    """stage -> the model id it runs, the configured default where none was named."""
+    return {stage: model_id or catalog.default(settings, stage).id for stage, model_id in chosen.items()}

@@ -46,7 +46,17 @@ def params_schema(stage: str) -> dict[str, Any]:
     if own is None:  # a stage no modality is named after: its jobs' params are another stage's
         return {"type": "object"}
     schema = TypeAdapter(own).json_schema()
-    return {k: v for k, v in schema.items() if k != "title"}
+    props = {name: _non_null(prop) for name, prop in schema.get("properties", {}).items()}
+    return {k: v for k, v in schema.items() if k != "title"} | {"properties": props}
+
+
+def _non_null(prop: dict[str, Any]) -> dict[str, Any]:
+    """A param's own schema: `null` (which only means "the default") and the title left out."""
+    out = {k: v for k, v in prop.items() if k not in ("anyOf", "title", "default")}
+    for alt in prop.get("anyOf", []):
+        if alt.get("type") != "null":
+            out |= alt
+    return out
 
 
 def _warm() -> Counter[tuple[str, str]] | None:

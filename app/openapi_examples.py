@@ -84,8 +84,8 @@ QUEUED_JOB: dict[str, Any] = {
     "attempts": 0,
     "degraded": None,
     "models": {
-        "text": {"asked": "smollm2", "id": None, "version": None},
-        "video": {"asked": "wan-tiny", "id": None, "version": None},
+        "text": {"asked": None, "id": None, "version": None},
+        "video": {"asked": None, "id": None, "version": None},
     },
     "cached": False,
     "source_job_id": None,
@@ -111,8 +111,8 @@ SUCCEEDED_JOB: dict[str, Any] = QUEUED_JOB | {
     },
     "attempts": 1,
     "models": {
-        "text": {"asked": "smollm2", "id": "smollm2", "version": "1.0.0"},
-        "video": {"asked": "wan-tiny", "id": "wan-tiny", "version": "0.35.1"},
+        "text": {"asked": None, "id": "smollm2", "version": "1.0.0"},
+        "video": {"asked": None, "id": "wan-tiny", "version": "0.35.1"},
     },
     "timings": {
         "created_at": "2026-12-02T03:00:00Z",

@@ -47,8 +47,8 @@ class JobTimings(_Doc):
 
 
 class JobModel(_Doc):
-    asked: str | None = Field(description="The model id the job named for this stage, or the default.")
-    id: str | None = Field(description="The model that ran (differs after a degraded retry); null until then.")
+    asked: str | None = Field(description="The model id the job named for the stage; null: the default.")
+    id: str | None = Field(description="The model that ran (differs after a degraded retry); null before.")
     version: str | None = Field(description="Its version (package version, or a local folder's stamp).")
 
 

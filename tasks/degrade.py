@@ -23,7 +23,7 @@ def plan(job: Job, request: VideoRequest, settings: Settings, reason: str) -> di
     if not (job.params or {}).get("allow_degraded") or job.degraded:
         return None
     before = {"width": request.width, "height": request.height, "steps": request.steps}
-    current = job_models.asked(job, Stage.VIDEO, settings)
+    current = job_models.to_run(job, Stage.VIDEO, settings)
     model = settings.degraded_video_model or current
     # The retry's size must suit the model that will run it.
     multiple = side_multiple(job_models.spec(settings, Stage.VIDEO, model))
@@ -44,7 +44,7 @@ def plan(job: Job, request: VideoRequest, settings: Settings, reason: str) -> di
 def apply(job: Job, request: VideoRequest, settings: Settings) -> tuple[VideoRequest, str]:
     """The request and model id to run: the degraded ones when the job recorded a degradation."""
     record = job.degraded
-    current = job_models.asked(job, Stage.VIDEO, settings)
+    current = job_models.to_run(job, Stage.VIDEO, settings)
     if not record:
         return request, current
     to = record["to"]

@@ -9,10 +9,15 @@ from models.cache import spec_version
 from models.settings import Settings
 
 
-def asked(job: Job, stage: str, settings: Settings) -> str:
-    """The model id the job asked `stage` to run (a job from before jobs.models: the default)."""
-    chosen = (job.models or {}).get(stage) or {}
-    return str(chosen.get("asked") or catalog.default(settings, stage).id)
+def asked(job: Job, stage: str) -> str | None:
+    """The model id the job named for `stage`; None: it named none (or is from before jobs.models)."""
+    named = ((job.models or {}).get(stage) or {}).get("asked")
+    return str(named) if named else None
+
+
+def to_run(job: Job, stage: str, settings: Settings) -> str:
+    """The model id `stage` runs: the named one, else this worker's configured default."""
+    return asked(job, stage) or catalog.default(settings, stage).id
 
 
 def spec(settings: Settings, stage: str, model_id: str) -> str:
@@ -28,5 +33,5 @@ def ran(job: Job, stage: str, model_id: str, settings: Settings) -> dict[str, An
     """
     models = dict(job.models or {})
     version = spec_version(spec(settings, stage, model_id))
-    models[stage] = {"asked": asked(job, stage, settings), "id": model_id, "version": version}
+    models[stage] = {"asked": asked(job, stage), "id": model_id, "version": version}
     return models

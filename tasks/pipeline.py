@@ -86,7 +86,7 @@ def _text_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID) -> None:
     final = is_final(job.modality, Stage.TEXT)
     # Per token: a text job's whole bar, or a video job's first TEXT_DONE_PROGRESS percent.
     watch = JobWatch(rt, jid, Stage.TEXT, progress_to=99 if final else TEXT_DONE_PROGRESS)
-    meter, model = Meter(), job_models.asked(job, Stage.TEXT, rt.settings)
+    meter, model = Meter(), job_models.to_run(job, Stage.TEXT, rt.settings)
     try:
         started = time.monotonic()
         result = run_batched(
