@@ -95,9 +95,14 @@ def _id_of(spec: str) -> str:
 
 
 def extra_models(settings: Settings) -> list[tuple[str, str, str]]:
-    """(stage, id, spec) of each `stage:id=spec` entry of settings.extra_models; ValueError if malformed."""
+    """(stage, id, spec) of each `stage:id=spec` entry of settings.extra_models."""
+    return parse_extra_models(settings.extra_models)
+
+
+def parse_extra_models(value: str) -> list[tuple[str, str, str]]:
+    """(stage, id, spec) of each `stage:id=spec` entry; ValueError naming a malformed one."""
     out = []
-    for item in (i.strip() for i in settings.extra_models.split(",")):
+    for item in (i.strip() for i in value.split(",")):
         if not item:
             continue
         head, eq, spec = item.partition("=")

@@ -445,6 +445,14 @@ class Settings(BaseSettings):
         "not set; `genqueue` commands log WARNING unless `-v` or this is set.",
     )
 
+    @field_validator("extra_models")
+    @classmethod
+    def _extra_models(cls, value: str) -> str:
+        from models.catalog import parse_extra_models  # a light module that needs this one's class
+
+        parse_extra_models(value)  # a malformed entry fails at startup, not per request
+        return value
+
     @field_validator("log_level", "log_format", mode="before")
     @classmethod
     def _case(cls, value: object) -> object:
