@@ -25,13 +25,12 @@ def spec(settings: Settings, stage: str, model_id: str) -> str:
     return catalog.spec_of(settings, stage, model_id)
 
 
-def ran(job: Job, stage: str, model_id: str, settings: Settings) -> dict[str, Any]:
-    """jobs.models with `stage` recording that `model_id` ran (and its version), beside what was asked.
+def ran(job: Job, stage: str, model_id: str, spec: str) -> dict[str, Any]:
+    """jobs.models with `stage` recording that `model_id` ran as `spec` (its version), beside what was asked.
 
     Read-modify-write of the job as its stage entry read it: only one stage of a job runs at a
     time, and each writes its own key.
     """
     models = dict(job.models or {})
-    version = spec_version(spec(settings, stage, model_id))
-    models[stage] = {"asked": asked(job, stage), "id": model_id, "version": version}
+    models[stage] = {"asked": asked(job, stage), "id": model_id, "version": spec_version(spec)}
     return models

@@ -87,6 +87,7 @@ def _text_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID) -> None:
     # Per token: a text job's whole bar, or a video job's first TEXT_DONE_PROGRESS percent.
     watch = JobWatch(rt, jid, Stage.TEXT, progress_to=99 if final else TEXT_DONE_PROGRESS)
     meter, model = Meter(), job_models.to_run(job, Stage.TEXT, rt.settings)
+    spec = job_models.spec(rt.settings, Stage.TEXT, model)  # once: a hot swap meanwhile waits for the next
     try:
         started = time.monotonic()
         result = run_batched(
@@ -96,13 +97,13 @@ def _text_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID) -> None:
             request,
             should_cancel=watch.canceled,
             on_progress=watch.on_step,
-            model=job_models.spec(rt.settings, Stage.TEXT, model),
+            model=spec,
             meter=meter,
         )
         if result.error is not None:
             raise result.error
     except Exception as exc:
-        _charge(rt, jid, Stage.TEXT, _cost(rt, job, Stage.TEXT, meter, model))
+        _charge(rt, jid, Stage.TEXT, _cost(job, Stage.TEXT, meter, model, spec))
         failures.handle(self, rt, job, Stage.TEXT, exc)
     seconds = round(time.monotonic() - started, 3)
     with transaction(rt.sessions) as s:
@@ -116,15 +117,15 @@ def _text_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID) -> None:
             # Now waiting for a video worker.
             deadline_at=None if final else deadline_in(rt.settings.queued_timeout_s),
             tokens=result.tokens,
-            charge=_cost(rt, job, Stage.TEXT, meter, model),  # in the same UPDATE: once, with the outcome
+            charge=_cost(job, Stage.TEXT, meter, model, spec),  # in the same UPDATE: once, with the outcome
         )
     if done:
         metrics.metrics().stage_duration.labels(Stage.TEXT).observe(seconds)
 
 
-def _cost(rt: Runtime, job: Job, stage: Stage, meter: Meter, model: str) -> states.Charge:
+def _cost(job: Job, stage: Stage, meter: Meter, model: str, spec: str) -> states.Charge:
     """An attempt's charge: its GPU seconds, and the model id (and version) that ran it."""
-    return states.Charge(meter.seconds, model, job_models.ran(job, stage, model, rt.settings))
+    return states.Charge(meter.seconds, model, job_models.ran(job, stage, model, spec))
 
 
 def _charge(rt: Runtime, jid: uuid.UUID, stage: Stage, charge: states.Charge) -> None:
@@ -152,16 +153,15 @@ def _video_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID) -> None:
         return
     request = _video_request(job, rt.settings)
     run_request, model = degrade.apply(job, request, rt.settings)
-    meter = Meter()
+    meter, spec = Meter(), job_models.spec(rt.settings, Stage.VIDEO, model)
     try:
-        spec = job_models.spec(rt.settings, Stage.VIDEO, model)
         result, seconds = _render(self, rt, job, run_request, spec, meter)
         relpath, size = artifacts.write_video(rt.artifact_dir, jid, result.frames, result.fps)
     except Exception as exc:
-        _charge(rt, jid, Stage.VIDEO, _cost(rt, job, Stage.VIDEO, meter, model))
+        _charge(rt, jid, Stage.VIDEO, _cost(job, Stage.VIDEO, meter, model, spec))
         failures.handle(self, rt, job, Stage.VIDEO, exc, video_request=request)
     with transaction(rt.sessions) as s:
-        charge = _cost(rt, job, Stage.VIDEO, meter, model)
+        charge = _cost(job, Stage.VIDEO, meter, model, spec)
         frames = int(result.frames.shape[0])
         done = states.complete_video(s, jid, relpath, size, seconds, frames=frames, charge=charge)
     if done:

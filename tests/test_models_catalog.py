@@ -173,16 +173,18 @@ def test_a_degraded_retry_records_the_model_asked_and_the_one_that_ran(make_app,
 
 
 def test_the_registry_keeps_a_bounded_number_of_models_per_stage_least_recently_used_out() -> None:
-    first = registry.get_generator("text", "echo", keep=1)
-    assert registry.get_generator("text", "echo", keep=1) is first
-    tagged = registry.get_generator("text", TAGGED, keep=1)
-    loaded = {spec for kind, spec, _ in registry.loaded() if kind == "text"}
-    assert loaded == {TAGGED}  # echo was unloaded; the video models were not touched
-    again = registry.get_generator("text", "echo", keep=2)  # loaded anew, beside the tagged one
-    assert again is not first
-    assert {spec for kind, spec, _ in registry.loaded() if kind == "text"} == {TAGGED, "echo"}
-    assert registry.get_generator("text", TAGGED, keep=2) is tagged  # a hit: the most recently used
-    registry.get_generator("text", "tests.support.generators:FlakyText", keep=2)  # a third: echo goes
-    assert {spec for kind, spec, _ in registry.loaded() if kind == "text"} == {
-        TAGGED, "tests.support.generators:FlakyText",
-    }  # fmt: skip
+    for name in ("lru-a", "lru-b", "lru-c"):  # names no other test loads
+        registry.register("text", name, "tasks.generators.echo:EchoTextGenerator")
+
+    def text_models() -> set[str]:
+        return {spec for kind, spec, _ in registry.loaded() if kind == "text" and spec.startswith("lru-")}
+
+    first = registry.get_generator("text", "lru-a", keep=1)
+    assert registry.get_generator("text", "lru-a", keep=1) is first
+    b = registry.get_generator("text", "lru-b", keep=1)
+    assert text_models() == {"lru-b"}  # lru-a was unloaded (and every other text model with it)
+    again = registry.get_generator("text", "lru-a", keep=2)  # loaded anew, beside lru-b
+    assert again is not first and text_models() == {"lru-a", "lru-b"}
+    assert registry.get_generator("text", "lru-b", keep=2) is b  # a hit: now the most recently used
+    registry.get_generator("text", "lru-c", keep=2)  # a third: the least recently used goes
+    assert text_models() == {"lru-b", "lru-c"}
