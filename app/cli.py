@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from app.keys_cli import keys, tenants
+from app.models_cli import models
 from app.usage_cli import usage
 from models import logs
 from models.settings import Settings
@@ -289,6 +290,7 @@ def flower(flower_args: tuple[str, ...]) -> None:
 main.add_command(keys)
 main.add_command(tenants)
 main.add_command(usage)
+main.add_command(models)
 
 if __name__ == "__main__":
     main()

@@ -36,6 +36,7 @@ from app.errors import (
 from app.metrics import hold_started
 from app.model_choice import choose as choose_models
 from app.model_choice import resolved as resolved_models
+from app.models_api import model_swaps
 from app.prompt_check import PromptCheck
 from app.published import PublishedMarks
 from app.queue import QueueCounts
@@ -48,6 +49,7 @@ from models.db import autocommit, read_only, transaction
 from models.job import TERMINAL
 from models.media_links import VARIANTS
 from models.resource import job_resource
+from models.settings import Settings
 from tasks.contract.names import THUMBNAIL_NAME
 from tasks.contract.publish import publish_job
 from tasks.contract.transient import is_transient
@@ -174,10 +176,11 @@ def submit() -> Answer:
     if idem is not None and (prior := idem.prior(svc.sessions)) is not None:
         return _accepted(prior, replayed=True)
     job_id, params = uuid.uuid4(), complete_params(req, svc.settings)
-    models = choose_models(svc.settings, req.modality, req.model)  # 422 for an unknown one
+    catalog = model_swaps().effective(svc.settings)  # the models as configured, hot swaps applied
+    models = choose_models(catalog, req.modality, req.model)  # 422 for an unknown one
     logs.bind(job_id=job_id)
     gate = admission()
-    running = resolved_models(svc.settings, models)  # the plan limits the defaults too: 403
+    running = resolved_models(catalog, models)  # the plan limits the defaults too: 403
     gate.admit(who, job_id, req.modality, req.prompt, req.priority or "normal", params, running)  # 503/429
     now = utcnow()
     job = Job(
@@ -207,7 +210,7 @@ def submit() -> Answer:
     try:
         with unit(svc.sessions) as s:
             queue.totals(s)  # refreshed at most once per TTL, before this job is counted
-            _insert(s, job, cacheable)
+            _insert(s, job, cacheable, catalog)
             if idem is not None:
                 s.flush()  # the job row before the key row that points at it
                 idem.claim(s, job.id, svc.settings.idempotency_ttl_s)
@@ -243,12 +246,12 @@ def submit() -> Answer:
     return _answer(job, resource_of(job, position))
 
 
-def _insert(s: Session, job: Job, cacheable: bool) -> None:
-    """Add the job, as a cached copy or follower of an identical one when there is one."""
+def _insert(s: Session, job: Job, cacheable: bool, settings: Settings) -> None:
+    """Add the job, as a cached copy or follower of an identical one when there is one; `settings`
+    with the hot swaps in effect (the key covers the versions that will run)."""
     if not cacheable:
         states.insert_new(s, job)
         return
-    settings = services().settings
     asked = {stage: m["asked"] for stage, m in (job.models or {}).items()}
     key = cache.cache_key(settings, job.modality, job.prompt, job.params, asked)
     source = cache.find_source(s, key, services().artifact_dir, job.tenant_id)

@@ -13,10 +13,11 @@ from pydantic import BaseModel, TypeAdapter
 
 from app.auth import current_principal
 from app.schemas import JobCreate
-from app.services import services
+from app.services import extension, services
 from models import catalog, presence
 from models.cache import spec_version
 from models.plans import Plan
+from models.swaps import Swaps
 from tasks.contract.stages import PIPELINES, QUEUES, as_stage
 
 log = logging.getLogger("genqueue.api")
@@ -59,6 +60,14 @@ def _non_null(prop: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def model_swaps() -> Swaps:
+    """This app's view of the hot swaps (models.swaps), re-read at most once a second."""
+    ext = current_app.extensions
+    if "genqueue.swaps" not in ext:
+        ext["genqueue.swaps"] = Swaps(services().settings.ratelimit_storage_uri)
+    return extension("genqueue.swaps", Swaps)
+
+
 def _warm() -> Counter[tuple[str, str]] | None:
     ext = current_app.extensions
     if "genqueue.presence" not in ext:
@@ -93,7 +102,7 @@ def model_resource(
 @bp.get("/models")
 def list_models() -> Response:
     """Cheap: the catalog is settings, the warm flags one HGETALL; no worker is asked."""
-    settings = services().settings
+    settings = model_swaps().effective(services().settings)
     plan = Plan.effective(settings, current_principal().plan_overrides)
     warm = _warm()
     data = [model_resource(m, plan, warm) for m in catalog.configured(settings)]

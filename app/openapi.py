@@ -13,12 +13,13 @@ from app.openapi_models import Health, Job, JobList, ModelList, Problem, Ready, 
 from app.openapi_parts import REF, json_answer, op, param, problems, ref
 from app.schemas import job_create_adapter
 from app.services import extension
+from models.settings import Settings
 
 bp = Blueprint("openapi", __name__)
 RESPONSES = (Job, JobList, Problem, Health, Ready, Usage, ModelList)
 
 
-def _schemas() -> dict[str, Any]:
+def _schemas(settings: Settings) -> dict[str, Any]:
     """Every named schema, with pydantic's $defs hoisted into components."""
     out: dict[str, Any] = {}
     named: list[tuple[str, Any, Literal["validation", "serialization"]]] = [
@@ -33,6 +34,7 @@ def _schemas() -> dict[str, Any]:
         out.update(schema.pop("$defs", {}))
         out[name] = schema
     openapi_rules.tighten(out)
+    openapi_rules.model_choices(out, settings)
     return out
 
 
@@ -266,7 +268,7 @@ def _media(job_id: Any, variants: Any, binary: Any, unsatisfiable: Any) -> Any:
     return operation
 
 
-def build_spec(base_url: str = "") -> dict[str, Any]:
+def build_spec(settings: Settings, base_url: str = "") -> dict[str, Any]:
     spec: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {
@@ -280,7 +282,7 @@ def build_spec(base_url: str = "") -> dict[str, Any]:
         "tags": TAGS,
         "paths": _paths(),
         "components": {
-            "schemas": _schemas(),
+            "schemas": _schemas(settings),
             "securitySchemes": {
                 "bearerAuth": {
                     "type": "http",
@@ -299,7 +301,8 @@ def build_spec(base_url: str = "") -> dict[str, Any]:
 def _spec() -> dict[str, Any]:
     ext = current_app.extensions
     if "genqueue.openapi" not in ext:  # built on first request, not at import or app creation
-        ext["genqueue.openapi"] = build_spec(ext["genqueue"].settings.public_base_url.rstrip("/"))
+        settings = ext["genqueue"].settings
+        ext["genqueue.openapi"] = build_spec(settings, settings.public_base_url.rstrip("/"))
     return extension("genqueue.openapi", dict)
 
 

@@ -122,14 +122,19 @@ def configured(settings: Settings) -> list[CatalogModel]:
     """Every model a job may name under these settings: the built-ins, settings.extra_models and
     each stage's configured default (which may be a directory of its own), stage by stage."""
     out: list[CatalogModel] = []
+    swaps = parse_extra_models(settings.model_swaps)
     for stage in stages():
         default = default_spec(settings, stage)
         specs = {e.name: e.name for e in BUILTIN if e.stage == stage}
         specs |= {model_id: spec for s, model_id, spec in extra_models(settings) if s == stage}
-        if default not in specs.values():
-            specs[_id_of(default) if _id_of(default) not in specs else default] = default
+        default_id = next((i for i, spec in specs.items() if spec == default), None)
+        if default_id is None:
+            default_id = _id_of(default) if _id_of(default) not in specs else default
+            specs[default_id] = default
+        # A hot swap (models.swaps) points an id at other weights; an unknown id is no new model.
+        specs |= {model_id: spec for s, model_id, spec in swaps if s == stage and model_id in specs}
         for model_id, spec in specs.items():
-            out.append(CatalogModel(stage, model_id, spec, _source(stage, spec), spec == default))
+            out.append(CatalogModel(stage, model_id, spec, _source(stage, spec), model_id == default_id))
     return out
 
 

@@ -90,6 +90,12 @@ class Settings(BaseSettings):
         "`stage:id=spec`, spec a local model directory or a `module:Class` adapter, e.g. "
         "`text:tinyllama=/models/tinyllama`.",
     )
+    model_swaps: str = Field(
+        "",
+        description="Model ids pointed at other weights, like `extra_models` (`stage:id=spec`, "
+        "comma-separated); `genqueue models swap` adds to these at run time, for every process within "
+        "a second, without a restart.",
+    )
     worker_max_models: int = Field(
         2,
         ge=1,
@@ -445,7 +451,7 @@ class Settings(BaseSettings):
         "not set; `genqueue` commands log WARNING unless `-v` or this is set.",
     )
 
-    @field_validator("extra_models")
+    @field_validator("extra_models", "model_swaps")
     @classmethod
     def _extra_models(cls, value: str) -> str:
         from models.catalog import parse_extra_models  # a light module that needs this one's class

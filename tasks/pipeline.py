@@ -18,7 +18,7 @@ from models import Job, Stage, logs, states
 from models.db import transaction
 from models.recovery import deadline_in, entry_deadline
 from models.settings import Settings
-from tasks import artifacts, compensation, degrade, failures, job_models, metrics, outcome
+from tasks import artifacts, compensation, degrade, failures, job_models, metrics, model_swaps, outcome
 from tasks.batching import Meter, run_batched
 from tasks.contract import names
 from tasks.contract.stages import ENTRY_STAGE, is_final
@@ -86,8 +86,9 @@ def _text_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID) -> None:
     final = is_final(job.modality, Stage.TEXT)
     # Per token: a text job's whole bar, or a video job's first TEXT_DONE_PROGRESS percent.
     watch = JobWatch(rt, jid, Stage.TEXT, progress_to=99 if final else TEXT_DONE_PROGRESS)
-    meter, model = Meter(), job_models.to_run(job, Stage.TEXT, rt.settings)
-    spec = job_models.spec(rt.settings, Stage.TEXT, model)  # once: a hot swap meanwhile waits for the next
+    models = model_swaps.effective(rt.settings)  # the catalog with any hot swap, for this attempt
+    meter, model = Meter(), job_models.to_run(job, Stage.TEXT, models)
+    spec = job_models.spec(models, Stage.TEXT, model)  # once: a swap from now on is the next attempt's
     try:
         started = time.monotonic()
         result = run_batched(
@@ -152,8 +153,9 @@ def _video_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID) -> None:
         outcome.settle(rt, jid, Outcome.SKIPPED)
         return
     request = _video_request(job, rt.settings)
-    run_request, model = degrade.apply(job, request, rt.settings)
-    meter, spec = Meter(), job_models.spec(rt.settings, Stage.VIDEO, model)
+    models = model_swaps.effective(rt.settings)  # the catalog with any hot swap, for this attempt
+    run_request, model = degrade.apply(job, request, models)
+    meter, spec = Meter(), job_models.spec(models, Stage.VIDEO, model)
     try:
         result, seconds = _render(self, rt, job, run_request, spec, meter)
         relpath, size = artifacts.write_video(rt.artifact_dir, jid, result.frames, result.fps)

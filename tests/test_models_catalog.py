@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from itertools import pairwise
 from typing import Any
 
 import pytest
 from flask import Flask
 from flask.testing import FlaskClient
 
-from models.cache import cache_key
+from models import presence, swaps
+from models.cache import cache_key, spec_version
 from models.settings import Settings
 from tasks.generators import registry
 from tests.support.api import assert_problem, authed_client_class, make_api_key, submit, wait_finished
@@ -85,7 +87,8 @@ def test_warm_turns_true_once_a_worker_has_loaded_the_model(api, workers, broker
 def test_a_job_runs_the_named_model_and_records_what_ran(api, workers, broker) -> None:
     named = wait_finished(api, submit(api, model="tagged").get_json()["id"])
     assert named["status"] == "succeeded" and named["outputs"]["text"].startswith("Tagged: ")
-    assert named["models"] == {"text": {"asked": "tagged", "id": "tagged", "version": "-"}}
+    assert named["models"]["text"] == {"asked": "tagged", "id": "tagged", "version": spec_version(TAGGED)}
+    assert spec_version(TAGGED).startswith("adapter-")
     default = wait_finished(api, submit(api).get_json()["id"])
     assert default["outputs"]["text"].startswith("Shot: ")
     assert default["models"]["text"]["asked"] is None and default["models"]["text"]["id"] == "echo"
@@ -188,3 +191,40 @@ def test_the_registry_keeps_a_bounded_number_of_models_per_stage_least_recently_
     assert registry.get_generator("text", "lru-b", keep=2) is b  # a hit: now the most recently used
     registry.get_generator("text", "lru-c", keep=2)  # a third: the least recently used goes
     assert text_models() == {"lru-b", "lru-c"}
+
+
+SWAPPED = "tests.support.generators:SwappedText"
+
+
+def test_a_hot_swap_during_a_stream_of_jobs_switches_versions_once(make_app, settings, broker) -> None:
+    extra = {"extra_models": f"text:swappy={TAGGED}", "model_heartbeat_s": 0.2}
+    api = make_app(**extra).test_client()
+    conn = presence.client(settings.ratelimit_storage_uri)
+    old, new = spec_version(TAGGED), spec_version(SWAPPED)
+    assert old != new
+    with thread_workers(settings, **extra):
+        ids = [submit(api, model="swappy", prompt=f"stream {i}").get_json()["id"] for i in range(10)]
+        wait_finished(api, ids[0])  # the old weights are loaded and serving
+        swaps.swap(conn, "text", "swappy", SWAPPED)  # jobs are still queued and running meanwhile
+        ids += [submit(api, model="swappy", prompt=f"stream {i}").get_json()["id"] for i in range(10, 20)]
+
+        def runs_new() -> bool:
+            job = wait_finished(api, submit(api, model="swappy", prompt="after the swap").get_json()["id"])
+            ids.append(job["id"])
+            return job["models"]["text"]["version"] == new
+
+        wait_for(runs_new, 30, 0.1, "a job on the swapped weights")
+        done = [wait_finished(api, job_id) for job_id in ids]
+    assert all(job["status"] == "succeeded" for job in done)
+    for job in done:  # one version per job, and the text of that version's weights
+        ran = job["models"]["text"]
+        assert ran["id"] == "swappy" and ran["version"] in (old, new)
+        assert job["outputs"]["text"].startswith("Tagged: " if ran["version"] == old else "Swapped: ")
+    versions = [
+        j["models"]["text"]["version"] for j in sorted(done, key=lambda j: j["timings"]["started_at"])
+    ]
+    changes = sum(1 for a, b in pairwise(versions) if a != b)
+    assert versions[0] == old and versions[-1] == new and changes == 1, versions
+    # The web follows too: the catalog shows the new version (and new jobs are keyed by it).
+    wait_for(lambda: _models(api)[("text", "swappy")]["version"] == new, 10, 0.1, "the new version listed")
+    assert swaps.unswap(conn, "text", "swappy")

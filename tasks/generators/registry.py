@@ -120,6 +120,19 @@ def get_generator(kind: str, spec: str, dtype: str = "auto", keep: int | None = 
     return gen
 
 
+def unload(kind: str, spec: str) -> bool:
+    """Unload `spec` of `kind` (every dtype) now; a batch running on it keeps it until it ends."""
+    with _lock:
+        gone = [_loaded.pop(k) for k in [k for k in _loaded if k[:2] == (kind, spec)]]
+    if not gone:
+        return False
+    log.info("unloaded %s model %s", kind, spec)
+    del gone
+    release_memory()
+    _changed()
+    return True
+
+
 def on_change(listener: Callable[[], None]) -> None:
     """Call `listener()` after each load and unload in this process (idempotent per listener)."""
     if listener not in _listeners:

@@ -271,3 +271,16 @@ class TaggedText(EchoTextGenerator):
     ) -> list[TextResult]:
         results = super().run_batch(requests, should_cancel, on_step)
         return [dataclasses.replace(r, text=f"Tagged: {r.text}") for r in results]
+
+
+class SwappedText(TaggedText):
+    """TaggedText's next version, for hot-swap tests: its text starts "Swapped:"."""
+
+    def run_batch(
+        self,
+        requests: Sequence[TextRequest],
+        should_cancel: CancelCheck | None = None,
+        on_step: StepCallback | None = None,
+    ) -> list[TextResult]:
+        results = super().run_batch(requests, should_cancel, on_step)
+        return [dataclasses.replace(r, text=r.text.replace("Tagged:", "Swapped:", 1)) for r in results]
