@@ -228,3 +228,21 @@ def test_a_hot_swap_during_a_stream_of_jobs_switches_versions_once(make_app, set
     # The web follows too: the catalog shows the new version (and new jobs are keyed by it).
     wait_for(lambda: _models(api)[("text", "swappy")]["version"] == new, 10, 0.1, "the new version listed")
     assert swaps.unswap(conn, "text", "swappy")
+
+
+def test_the_models_cli_swaps_lists_and_unswaps(redis_url, broker, monkeypatch) -> None:
+    from click.testing import CliRunner
+
+    from app.cli import main
+
+    monkeypatch.setenv("GENQUEUE_RATELIMIT_URL", redis_url)
+    monkeypatch.setenv("GENQUEUE_EXTRA_MODELS", f"text:tagged={TAGGED}")
+    runner = CliRunner()
+    swapped = runner.invoke(main, ["models", "swap", "text", "tagged", SWAPPED])
+    assert swapped.exit_code == 0 and spec_version(SWAPPED) in swapped.output, swapped.output
+    listed = runner.invoke(main, ["models", "list"]).output
+    assert f'"id": "tagged", "spec": "{SWAPPED}"' in listed
+    assert runner.invoke(main, ["models", "swap", "text", "nope", SWAPPED]).exit_code == 2  # no such model
+    unswapped = runner.invoke(main, ["models", "unswap", "text", "tagged"])
+    assert "back to its configured weights" in unswapped.output
+    assert f'"spec": "{TAGGED}"' in runner.invoke(main, ["models", "list"]).output
