@@ -72,8 +72,11 @@ def _warm() -> Counter[tuple[str, str]] | None:
     ext = current_app.extensions
     if "genqueue.presence" not in ext:
         ext["genqueue.presence"] = presence.client(services().settings.ratelimit_storage_uri)
+    conn = ext["genqueue.presence"]
+    if conn is None:  # no shared Redis (the embedded mode): nobody announces, so unknown
+        return None
     try:
-        return presence.warm(ext["genqueue.presence"])
+        return presence.warm(conn)
     except redis.RedisError as exc:  # unknown, not cold: the models still serve
         log.warning("cannot read the loaded models: %s", exc)
         return None

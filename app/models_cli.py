@@ -49,8 +49,11 @@ def models_swap(stage: str, model_id: str, spec: str) -> None:
     settings, _ = _settings()
     if catalog.find(settings, stage, model_id) is None:
         raise click.UsageError(f"no {stage} model {model_id!r}; see `genqueue models list`")
+    conn = presence.client(settings.ratelimit_storage_uri)
+    if conn is None:
+        raise click.UsageError("hot swaps need the shared Redis (GENQUEUE_RATELIMIT_URL or a Redis broker)")
     try:
-        swaps.swap(presence.client(settings.ratelimit_storage_uri), stage, model_id, spec)
+        swaps.swap(conn, stage, model_id, spec)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     click.echo(f"{stage}:{model_id} -> {spec} (version {spec_version(spec)})")
@@ -62,5 +65,6 @@ def models_swap(stage: str, model_id: str, spec: str) -> None:
 def models_unswap(stage: str, model_id: str) -> None:
     """Point MODEL_ID back at its configured weights."""
     settings, _ = _settings()
-    removed = swaps.unswap(presence.client(settings.ratelimit_storage_uri), stage, model_id)
+    conn = presence.client(settings.ratelimit_storage_uri)
+    removed = conn is not None and swaps.unswap(conn, stage, model_id)
     click.echo(f"{stage}:{model_id} " + ("back to its configured weights" if removed else "was not swapped"))

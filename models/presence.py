@@ -21,7 +21,13 @@ import redis
 KEY = "genqueue:models:loaded"
 
 
-def client(url: str) -> redis.Redis:
+REDIS_SCHEMES = ("redis://", "rediss://", "unix://")
+
+
+def client(url: str) -> redis.Redis | None:
+    """A client of the shared Redis; None when there is none (the embedded mode's `memory://`)."""
+    if not url.startswith(REDIS_SCHEMES):
+        return None
     return redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
 
 

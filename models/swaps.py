@@ -47,6 +47,8 @@ class Swaps:
         self._read_at, self._entries = -READ_EVERY_S, ""
 
     def entries(self) -> str:
+        if self.conn is None:  # no shared Redis (one embedded process): the settings' swaps only
+            return ""
         with self._lock:
             if time.monotonic() - self._read_at >= READ_EVERY_S:
                 try:

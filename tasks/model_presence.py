@@ -7,6 +7,8 @@ import os
 import socket
 import threading
 
+import redis
+
 from models import presence
 from models.settings import Settings
 from tasks.generators import registry
@@ -28,16 +30,21 @@ def _loaded() -> list[tuple[str, str]]:
 def start(settings: Settings) -> None:
     """Announce from this process from now on (idempotent; a forked child starts its own)."""
     key = (os.getpid(), settings.ratelimit_storage_uri)
+    conn = presence.client(settings.ratelimit_storage_uri)
+    if conn is None:
+        return  # no shared Redis to announce in (the embedded mode); `warm` is then unknown
     with _lock:
         if key in _started:
             return
         wake = _started[key] = threading.Event()
     registry.on_change(wake.set)
-    threading.Thread(target=_beat, args=(settings, wake), name="genqueue-model-presence", daemon=True).start()
+    every = settings.model_heartbeat_s
+    threading.Thread(
+        target=_beat, args=(conn, every, wake), name="genqueue-model-presence", daemon=True
+    ).start()
 
 
-def _beat(settings: Settings, wake: threading.Event) -> None:
-    conn, every = presence.client(settings.ratelimit_storage_uri), settings.model_heartbeat_s
+def _beat(conn: redis.Redis, every: float, wake: threading.Event) -> None:
     while True:
         wake.clear()  # before reading: a load announced meanwhile wakes the next round at once
         try:
