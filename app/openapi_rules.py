@@ -118,10 +118,10 @@ def model_choices(schemas: dict[str, Any], settings: Settings) -> None:
             continue
         stages = [str(s) for s in PIPELINES[Modality(modality)]]
         prop = schema["properties"]["model"]
-        one = {"type": "string", "enum": ids[stages[-1]], "description": f"A {stages[-1]} model id."}
+        one = {"type": "string", "enum": ids.get(stages[-1], []), "description": f"A {stages[-1]} model id."}
         each = {
             "type": "object",
-            "properties": {s: {"type": "string", "enum": ids[s]} for s in stages},
+            "properties": {s: {"type": "string", "enum": ids.get(s, [])} for s in stages},
             "additionalProperties": False,
         }
         schema["properties"]["model"] = {

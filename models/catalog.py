@@ -114,8 +114,9 @@ def parse_extra_models(value: str) -> list[tuple[str, str, str]]:
 
 
 def default_spec(settings: Settings, stage: str) -> str:
-    """The configured model of `stage` (settings.<stage>_model)."""
-    return str(getattr(settings, f"{stage}_model"))
+    """The configured model of `stage` (settings.<stage>_model; without one, its first built-in)."""
+    configured_spec = getattr(settings, f"{stage}_model", None)
+    return str(configured_spec or next(e.name for e in BUILTIN if e.stage == stage))
 
 
 def configured(settings: Settings) -> list[CatalogModel]:
