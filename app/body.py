@@ -13,10 +13,12 @@ import re
 import unicodedata
 from typing import Annotated, Any
 
+from flask import request
 from pydantic import AfterValidator
 from pydantic_core import PydanticCustomError
 
-from app.errors import BadRequest
+from app.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
+from app.services import services
 
 # A string literal, escapes included; brackets inside strings do not nest anything.
 _STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)  # unrolled: one pass per literal
@@ -131,3 +133,32 @@ def _storable(value: str) -> str:
 
 # A string field stored as given (URL, description, metadata): no control characters at all.
 StorableStr = Annotated[str, AfterValidator(_storable)]
+
+
+def _body(message: str) -> list[dict[str, str]]:
+    return [{"field": "body", "message": message}]
+
+
+def json_body() -> Any:
+    """The request's body as strict JSON: a JSON media type, UTF-8, at most max_body_bytes."""
+    limit = services().settings.max_body_bytes
+    too_large = PayloadTooLarge(
+        f"The body must be at most {limit} bytes.", errors=_body(f"over {limit} bytes")
+    )
+    if request.content_length is not None and request.content_length > limit:
+        raise too_large
+    mime = request.mimetype
+    if mime != "application/json" and not (mime.startswith("application/") and mime.endswith("+json")):
+        raise UnsupportedMediaType(
+            "The body must be JSON (Content-Type: application/json).",
+            errors=_body(f"Content-Type is {mime or 'missing'}"),
+        )
+    charset = request.mimetype_params.get("charset", "utf-8").lower()
+    if charset not in ("utf-8", "utf8"):  # JSON is UTF-8 (RFC 8259 8.1); nothing else is decoded
+        raise UnsupportedMediaType(
+            "The body must be UTF-8 encoded JSON.", errors=_body(f"charset is {charset[:40]}")
+        )
+    raw = request.get_data(cache=False)  # MAX_CONTENT_LENGTH (limit + 1) bounds chunked bodies
+    if len(raw) > limit:
+        raise too_large
+    return parse(raw, services().settings.max_json_depth)

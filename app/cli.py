@@ -1,5 +1,5 @@
 """The `genqueue` command: demo, serving, migrations, the production stack, supervised workers, Flower,
-the metrics exporter."""
+the metrics exporter; the API client's `run` and `jobs` (app.client_cli)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from app.client_cli import jobs, run
 from app.keys_cli import keys, tenants
 from app.models_cli import models
 from app.usage_cli import usage
@@ -20,7 +21,7 @@ from models import logs
 from models.settings import Settings
 
 DEFAULT_DATA_DIR = Path("var/embedded")
-DEV_COMMANDS = frozenset({"demo", "serve"})  # text logs unless GENQUEUE_LOG_FORMAT says otherwise
+DEV_COMMANDS = frozenset({"demo", "serve", "run", "jobs"})  # text logs unless GENQUEUE_LOG_FORMAT says so
 
 
 def _offline() -> None:
@@ -125,9 +126,13 @@ def demo(prompt: str, modality: str, data_dir: Path, params: tuple[str, ...]) ->
         raise click.ClickException(f"job {job['status']}: {err.get('code')}: {err.get('message')}")
     click.echo(f"Text: {job['outputs']['text']}")
     if modality == "video":
-        from tasks.contract.names import VIDEO_NAME, job_dir
+        from tasks.contract.names import VIDEO_NAME, artifact_key, job_dir
 
-        click.echo(f"Video: {(job_dir(settings.artifact_dir, job['id']) / VIDEO_NAME).resolve()}")
+        if settings.storage_backend == "s3":
+            key = artifact_key(job["id"], VIDEO_NAME)
+            click.echo(f"Video: s3://{settings.storage_s3_bucket}/{settings.storage_s3_prefix}{key}")
+        else:
+            click.echo(f"Video: {(job_dir(settings.artifact_dir, job['id']) / VIDEO_NAME).resolve()}")
 
 
 @main.command()
@@ -291,6 +296,8 @@ main.add_command(keys)
 main.add_command(tenants)
 main.add_command(usage)
 main.add_command(models)
+main.add_command(run)  # the client commands (genqueue_client only)
+main.add_command(jobs)
 
 if __name__ == "__main__":
     main()

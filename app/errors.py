@@ -7,10 +7,12 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Literal, get_args
 
 from flask import Flask, Response, g, has_request_context, json
+from pydantic import BaseModel, Field
 from werkzeug.exceptions import HTTPException
 from werkzeug.http import HTTP_STATUS_CODES
 
 from models.redaction import redact
+from models.resource import Resource
 from tasks.contract.transient import is_transient  # one definition with the workers' retries
 
 log = logging.getLogger("genqueue.api")
@@ -141,6 +143,21 @@ class Overloaded(ServiceUnavailable):
     slug = "overloaded"
 
 
+class FieldError(Resource):
+    field: str = Field(description="Dotted path of the offending field, e.g. `params.width`.")
+    message: str
+
+
+class Problem(BaseModel):
+    """RFC 9457 problem details; extension members (e.g. `job_status`, `checks`) may appear."""
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    errors: list[FieldError]
+
+
 def _masked(value: Any) -> Any:
     return redact(value) if isinstance(value, str) else value
 
@@ -148,14 +165,14 @@ def _masked(value: Any) -> Any:
 def problem_response(err: ApiError) -> Response:
     # A key pasted into a path, a field name or a value comes back in detail or errors
     # ("No job with id ...", an unknown field): masked like the logs, whatever raised it.
-    body: dict[str, Any] = {
-        **{k: _masked(v) for k, v in err.extra.items()},
-        "type": err.type,
-        "title": err.title,
-        "status": err.status,
-        "detail": redact(err.detail),
-        "errors": [{k: redact(v) for k, v in e.items()} for e in err.errors],
-    }
+    problem = Problem(
+        type=err.type,
+        title=err.title,
+        status=err.status,
+        detail=redact(err.detail),
+        errors=[FieldError(field=redact(e["field"]), message=redact(e["message"])) for e in err.errors],
+    )
+    body = {**{k: _masked(v) for k, v in err.extra.items()}, **problem.model_dump(mode="json")}
     resp = Response(json.dumps(body), status=err.status, mimetype=PROBLEM_JSON)
     resp.headers.update(err.headers)
     return resp

@@ -26,7 +26,6 @@ from app.errors import NotFound, ValidationFailed
 from app.event_hub import EventHub, Subscription
 from app.services import extension, services
 from models import Job, events
-from models.base import utcnow
 from models.db import read_only
 from models.settings import Settings
 
@@ -88,16 +87,7 @@ def job_events(job_id: str) -> Response:
         jid = _owned_job(s, job_id)
         if not wants_stream:
             rows = events.after(s, jid, after, limit + 1)
-            page = [events.public(e) for e in rows[:limit]]
-            more = len(rows) > limit
-            return jsonify(
-                {
-                    "object": "list",
-                    "data": page,
-                    "has_more": more,
-                    "next_after": page[-1]["id"] if page else after,
-                }
-            )
+            return jsonify(events.page(rows[:limit], after, has_more=len(rows) > limit))
     sub = hub().subscribe(jid, tenant_id())
     stream = _Stream(hub(), sub, _stream(svc.sessions, svc.settings, hub(), sub, after))
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # proxies must not buffer it
@@ -124,19 +114,6 @@ class _Stream:
 def _frame(event: str, data: dict[str, Any], event_id: int | None = None) -> bytes:
     head = f"id: {event_id}\n" if event_id is not None else ""
     return f"{head}event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
-
-
-def _progress(progress: int, stage: str | None) -> dict[str, Any]:
-    """An ephemeral progress event: shaped like a stored one, without an id (not replayed)."""
-    return {
-        "id": None,
-        "type": "job.progress",
-        "from_status": None,
-        "to_status": None,
-        "stage": stage,
-        "data": {"progress": progress},
-        "created_at": utcnow().isoformat().replace("+00:00", "Z"),
-    }
 
 
 def _read(
@@ -183,7 +160,7 @@ def _stream(
                 announced, stage = max(announced, job[0]), job[1]
             if announced > progress:
                 progress, sent = announced, time.monotonic()
-                yield _frame("job.progress", _progress(progress, stage))
+                yield _frame("job.progress", events.progress_event(progress, stage))
             now = time.monotonic()
             if now - started >= settings.stream_max_duration_s:
                 return

@@ -1,10 +1,8 @@
-"""GET /v1/jobs/{job_id}/events as /openapi.json documents it: the event model, the page, the stream."""
+"""GET /v1/jobs/{job_id}/events as /openapi.json documents it: the page and the stream (models.events)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Any
 
 from app.openapi_parts import json_answer, op, param, problems
 
@@ -19,28 +17,6 @@ STREAM_NOTE = (
 )
 
 
-class _Doc(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class JobEvent(_Doc):
-    id: int | None = Field(description="Monotonic per deployment; null on an ephemeral progress event.")
-    type: str = Field(description="`job.started`, `job.progress`, `job.text.completed`, `job.succeeded`, ...")
-    from_status: str | None
-    to_status: str | None
-    stage: str | None
-    data: dict[str, Any] = Field(description="Type-specific: `progress` (0-100), error `code`, ...")
-    created_at: str
-
-
-class JobEventList(_Doc):
-    object: Literal["list"]
-    data: list[JobEvent]
-    has_more: bool
-    next_after: int = Field(description="Pass as `after` for the next page (the last id seen).")
-
-
-MODELS: list[type[BaseModel]] = [JobEvent, JobEventList]
 _CURSOR = {"type": "string", "pattern": "^[0-9]{1,18}$"}
 
 

@@ -33,6 +33,7 @@ from models import redaction
 from models.db import make_engine, make_session_factory
 from models.media_links import MediaSigner
 from models.settings import Settings
+from models.storage import open_storage
 from tasks.celery_app import create_celery  # publishing only: never tasks.pipeline or torch
 from tasks.contract.publish import wake_dispatch_on_commit
 
@@ -75,6 +76,7 @@ def create_app(
         celery=celery_app or create_celery(settings, set_as_current=False),
         # Absolute, so send_file does not resolve it against the package directory.
         artifact_dir=Path(settings.artifact_dir).absolute(),
+        storage=open_storage(settings),
         metrics=metrics.Metrics(),
         media_signer=MediaSigner.from_settings(settings),
     )

@@ -5,13 +5,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from flask import Blueprint, Response, jsonify
 from sqlalchemy import text
 
 from app.errors import ServiceUnavailable
 from app.services import services
+from models.resource import Resource
 
 log = logging.getLogger("genqueue.api")
 bp = Blueprint("health", __name__, url_prefix="/v1")
@@ -19,10 +20,19 @@ bp = Blueprint("health", __name__, url_prefix="/v1")
 BROKER_TIMEOUT_S = 2.0  # a readiness probe must answer well inside the orchestrator's timeout
 
 
+class Health(Resource):
+    status: Literal["ok"]
+
+
+class Ready(Resource):
+    status: Literal["ready"]
+    checks: dict[str, dict[str, Any]]
+
+
 @bp.get("/health")
 def health() -> Response:
     """Liveness: touches nothing, so a database outage never gets the process restarted."""
-    return jsonify({"status": "ok"})
+    return jsonify(Health(status="ok").public())
 
 
 def _check_database() -> None:
@@ -57,4 +67,4 @@ def ready() -> Response:
         raise ServiceUnavailable(
             f"Not ready: {', '.join(failed)} unavailable.", extra={"checks": checks}, reason="not_ready"
         )
-    return jsonify({"status": "ready", "checks": checks})
+    return jsonify(Ready(status="ready", checks=checks).public())

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import logging
-import shutil
 import uuid
 
 from flask import Blueprint, Response, jsonify
 from sqlalchemy.orm import Session
 
 from app.errors import Conflict
-from app.jobs import _load, _published, _resource
+from app.job_access import current_resource, load_job, published_marks
 from app.services import services
 from models import Job, JobStatus, Stage, cache, retention, states
 from models.db import transaction
-from tasks.contract.names import job_dir, stage_task_id
+from tasks.contract.names import job_prefix, stage_task_id
 from tasks.contract.publish import publish_compensation, publish_job
 
 log = logging.getLogger("genqueue.api")
@@ -24,31 +23,31 @@ bp = Blueprint("job_control", __name__, url_prefix="/v1")
 @bp.post("/jobs/<job_id>/cancel")
 def cancel_job(job_id: str) -> Response:
     with transaction(services().sessions) as s:
-        job = _load(s, job_id)  # ownership first: another tenant's job is a 404
+        job = load_job(s, job_id)  # ownership first: another tenant's job is a 404
         jid = job.id
         canceled, heir = _cancel(s, job)
         if not canceled and job.status != JobStatus.CANCELED:
             raise Conflict(
                 f"The job already {job.status}; it cannot be canceled.", extra={"job_status": job.status}
             )
-        resource = _resource(s, job)
+        resource = current_resource(s, job)
     _after_cancel(jid, canceled, heir)
     return jsonify(resource)
 
 
 @bp.delete("/jobs/<job_id>")
 def delete_job(job_id: str) -> Response:
-    """Cancel if active, remove the outputs, prompt and files; the row stays for usage (204, idempotent)."""
+    """Cancel if active, remove the outputs, prompt and stored files; the row stays (204, idempotent)."""
     svc = services()
     with transaction(svc.sessions) as s:
-        job = _load(s, job_id)  # another tenant's job is a 404, like a missing one
+        job = load_job(s, job_id)  # another tenant's job is a 404, like a missing one
         jid = job.id
         canceled, heir = _cancel(s, job)
         retention.mark_removed(s, [jid])  # a no-op the second time: DELETE is idempotent
     _after_cancel(jid, canceled, heir)
     # Marked first, so nothing serves or reuses the files while they go; a video stage still
     # writing when canceled leaves files its compensation removes.
-    shutil.rmtree(job_dir(services().artifact_dir, jid), ignore_errors=True)
+    svc.storage.delete_prefix(job_prefix(jid))
     return Response(status=204)
 
 
@@ -69,7 +68,7 @@ def _after_cancel(jid: uuid.UUID, canceled: bool, heir: Job | None) -> None:
     if heir is not None:
         try:
             publish_job(services().celery, heir.id, heir.modality, heir.priority)
-            _published().add(heir.id)  # recorded like a submit's
+            published_marks().add(heir.id)  # recorded like a submit's
         except Exception:  # the heir stays queued with no published_at: the reaper republishes it
             log.exception("follower %s of canceled job %s could not be published", heir.id, jid)
 

@@ -3,43 +3,47 @@
 from __future__ import annotations
 
 import base64
-import functools
 import hashlib
 import json
 import logging
 import uuid
 from datetime import datetime
-from pathlib import PurePosixPath
 from typing import Any
 
-from flask import Blueprint, Response, current_app, jsonify, request, send_from_directory
+from flask import Blueprint, Response, current_app, jsonify, request
 from flask.blueprints import BlueprintSetupState
 from pydantic import ValidationError
-from sqlalchemy import Select, bindparam, select, tuple_
+from sqlalchemy import select, tuple_
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app import idempotency, media
+from app import downloads, idempotency
 from app.admission import admission
-from app.auth import current_principal, owned, tenant_id
+from app.auth import current_principal, owned
+from app.body import json_body
 from app.body import parse as parse_body
 from app.errors import (
     BadRequest,
     Conflict,
     Gone,
     NotFound,
-    PayloadTooLarge,
     ServiceUnavailable,
-    UnsupportedMediaType,
     ValidationFailed,
+)
+from app.job_access import (
+    current_resource,
+    load_job,
+    model_of,
+    published_marks,
+    queue_counts,
+    queue_positions,
+    resource_of,
 )
 from app.metrics import hold_started
 from app.model_choice import choose as choose_models
 from app.model_choice import resolved as resolved_models
 from app.models_api import model_swaps
 from app.prompt_check import PromptCheck
-from app.published import PublishedMarks
-from app.queue import QueueCounts
 from app.schemas import ListQuery, complete_params, field_errors, parse_job
 from app.services import extension, services
 from app.waiting import Waiters, prefer_wait
@@ -48,9 +52,8 @@ from models.base import utcnow
 from models.db import autocommit, read_only, transaction
 from models.job import TERMINAL
 from models.media_links import VARIANTS
-from models.resource import job_resource
+from models.resource import job_list
 from models.settings import Settings
-from tasks.contract.names import THUMBNAIL_NAME
 from tasks.contract.publish import publish_job
 from tasks.contract.transient import is_transient
 
@@ -58,41 +61,6 @@ log = logging.getLogger("genqueue.api")
 bp = Blueprint("jobs", __name__, url_prefix="/v1")
 
 Answer = tuple[Response, int, dict[str, str]]  # body, status, headers
-
-
-def _job_id(raw: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(raw)
-    except ValueError:
-        raise NotFound(f"No job with id {raw!r}.") from None
-
-
-@functools.cache
-def _by_id() -> Select[Job]:
-    # Built once (its cache key memoized with it): the hot path only binds the two values.
-    return select(Job).where(Job.id == bindparam("id"), Job.tenant_id == bindparam("tenant"))
-
-
-def _load(session: Session, raw_id: str) -> Job:
-    """The caller's job; another tenant's is as absent as a missing one (404, never 403)."""
-    job = session.scalar(_by_id(), {"id": _job_id(raw_id), "tenant": tenant_id()})
-    if job is None:
-        raise NotFound(f"No job with id {raw_id!r}.")
-    return job
-
-
-def _queue() -> QueueCounts:
-    ext = current_app.extensions
-    if "genqueue.queue" not in ext:
-        ext["genqueue.queue"] = QueueCounts(services().settings.queue_position_ttl_s)
-    return extension("genqueue.queue", QueueCounts)
-
-
-def _published() -> PublishedMarks:
-    ext = current_app.extensions
-    if "genqueue.published" not in ext:
-        ext["genqueue.published"] = PublishedMarks(services().sessions)
-    return extension("genqueue.published", PublishedMarks)
 
 
 @bp.record_once
@@ -116,55 +84,11 @@ def _waiters() -> Waiters:
     return extension("genqueue.waiters", Waiters)
 
 
-def queue_positions(session: Session, jobs: list[Job]) -> dict[uuid.UUID, int]:
-    """Approximate 1-based place of each queued job in the order workers take them (app.queue)."""
-    return _queue().positions(session, jobs)
-
-
-def resource_of(job: Job, position: int | None) -> dict[str, Any]:
-    """The job resource as this API answers it: its links, signed ones included."""
-    base = services().settings.public_base_url.rstrip("/")
-    signer, signed_base = media.signer(), media.signed_base_url()
-    return job_resource(job, base, position, signer, signed_base, services().settings.retention_s)
-
-
-def _resource(session: Session, job: Job) -> dict[str, Any]:
-    return resource_of(job, queue_positions(session, [job]).get(job.id))
-
-
-def _body(message: str) -> list[dict[str, str]]:
-    return [{"field": "body", "message": message}]
-
-
-def _json_body() -> Any:
-    limit = services().settings.max_body_bytes
-    too_large = PayloadTooLarge(
-        f"The body must be at most {limit} bytes.", errors=_body(f"over {limit} bytes")
-    )
-    if request.content_length is not None and request.content_length > limit:
-        raise too_large
-    mime = request.mimetype
-    if mime != "application/json" and not (mime.startswith("application/") and mime.endswith("+json")):
-        raise UnsupportedMediaType(
-            "The body must be JSON (Content-Type: application/json).",
-            errors=_body(f"Content-Type is {mime or 'missing'}"),
-        )
-    charset = request.mimetype_params.get("charset", "utf-8").lower()
-    if charset not in ("utf-8", "utf8"):  # JSON is UTF-8 (RFC 8259 8.1); nothing else is decoded
-        raise UnsupportedMediaType(
-            "The body must be UTF-8 encoded JSON.", errors=_body(f"charset is {charset[:40]}")
-        )
-    raw = request.get_data(cache=False)  # MAX_CONTENT_LENGTH (limit + 1) bounds chunked bodies
-    if len(raw) > limit:
-        raise too_large
-    return parse_body(raw, services().settings.max_json_depth)
-
-
 @bp.post("/jobs")
 def submit() -> Answer:
     """O(1): one insert (plus one keyed select for a cacheable request) and one publish."""
     svc = services()
-    body = _json_body()
+    body = json_body()
     try:
         req = parse_job(body, svc.settings)
     except ValidationError as exc:
@@ -201,7 +125,7 @@ def submit() -> Answer:
         created_at=now,
         updated_at=now,
     )
-    queue = _queue()
+    queue = queue_counts()
     seeded = req.params is not None and req.params.seed is not None  # the same seed, the same output
     cacheable = svc.settings.cache_enabled and req.cache is not False and seeded
     # A lone INSERT commits by itself (one round trip); a cache lookup or a key claim goes with
@@ -254,7 +178,7 @@ def _insert(s: Session, job: Job, cacheable: bool, settings: Settings) -> None:
         return
     asked = {stage: m["asked"] for stage, m in (job.models or {}).items()}
     key = cache.cache_key(settings, job.modality, job.prompt, job.params, asked)
-    source = cache.find_source(s, key, services().artifact_dir, job.tenant_id)
+    source = cache.find_source(s, key, services().storage, job.tenant_id)
     if source is None:
         job.cache_key = key
         states.insert_new(s, job)
@@ -274,7 +198,7 @@ def _publish(job: Job) -> None:
             ) from exc
         raise
     svc.metrics.jobs_submitted.labels(job.modality).inc()
-    _published().add(job.id)  # recorded within ~50 ms, in one UPDATE with its neighbours
+    published_marks().add(job.id)  # recorded within ~50 ms, in one UPDATE with its neighbours
 
 
 def _accepted(job: Job, replayed: bool = False) -> Answer:
@@ -282,7 +206,7 @@ def _accepted(job: Job, replayed: bool = False) -> Answer:
     logs.bind(job_id=job.id)
     with services().sessions() as s:
         job = s.get(Job, job.id) or job
-        resource = _resource(s, job)
+        resource = current_resource(s, job)
     return _answer(job, resource, replayed)
 
 
@@ -312,7 +236,7 @@ def _conditional(resp: Response) -> Response:
 @bp.get("/jobs/<job_id>")
 def get_job(job_id: str) -> Response:
     with read_only(services().sessions) as s:
-        resource = _resource(s, _load(s, job_id))
+        resource = current_resource(s, load_job(s, job_id))
     return _conditional(jsonify(resource))
 
 
@@ -356,15 +280,15 @@ def list_jobs() -> Response:
         jobs = list(s.scalars(stmt))
         page, more = jobs[: query.limit], len(jobs) > query.limit
         positions = queue_positions(s, page)
-        data = [resource_of(j, positions.get(j.id)) for j in page]
-    return jsonify({"data": data, "next_cursor": _encode_cursor(page[-1]) if more else None})
+        data = [model_of(j, positions.get(j.id)) for j in page]
+    return jsonify(job_list(data, _encode_cursor(page[-1]) if more else None))
 
 
 @bp.get("/jobs/<job_id>/content")
 def content(job_id: str) -> Response:
     svc = services()
     with svc.sessions() as s:
-        job = _load(s, job_id)
+        job = load_job(s, job_id)
     if job.data_removed_at is not None:
         raise Gone(f"Job {job_id}'s outputs were removed (expired or deleted).")
     # An empty `?variant=` is invalid like any other value off the list, not the default.
@@ -385,8 +309,4 @@ def content(job_id: str) -> Response:
         raise Conflict(
             f"The job is {job.status}; its {variant} is not ready.", extra={"job_status": job.status}
         )
-    path = PurePosixPath(job.artifact_path)
-    if variant == "thumbnail":
-        return send_from_directory(svc.artifact_dir, str(path.parent / THUMBNAIL_NAME), mimetype="image/jpeg")
-    # conditional=True (the default, spelled out): Range -> 206, Accept-Ranges, ETag, 304.
-    return send_from_directory(svc.artifact_dir, str(path), mimetype="video/mp4", conditional=True)
+    return downloads.send_variant(job, variant)

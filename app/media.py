@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import uuid
-from pathlib import PurePosixPath
 
-from flask import Blueprint, Response, request, send_from_directory
+from flask import Blueprint, Response, request
 
+from app import downloads
 from app.errors import Forbidden, Gone, NotFound
 from app.services import services
 from models import Job, JobStatus
 from models.db import read_only
 from models.media_links import VARIANTS, MediaSigner
-from tasks.contract.names import THUMBNAIL_NAME
 
 bp = Blueprint("media", __name__, url_prefix="/v1")
 
@@ -31,8 +31,10 @@ def signed_base_url() -> str:
     return services().settings.public_base_url.rstrip("/") or request.host_url.rstrip("/")
 
 
-def signer() -> MediaSigner | None:
-    return services().media_signer
+def signer(ttl_s: int | None = None) -> MediaSigner | None:
+    """The server's signer; `ttl_s` (a plan's link lifetime) for the links it issues."""
+    sign = services().media_signer
+    return sign if sign is None or ttl_s is None else dataclasses.replace(sign, ttl_s=ttl_s)
 
 
 def _gone(job_id: str, variant: str) -> NotFound:
@@ -80,13 +82,5 @@ def media(job_id: str, variant: str) -> Response:
         return _cached(resp, max_age)
     if job.modality != "video" or job.status != JobStatus.SUCCEEDED or not job.artifact_path:
         raise _gone(job_id, variant)
-    path = PurePosixPath(job.artifact_path)
-    name, mimetype = (
-        (str(path.parent / THUMBNAIL_NAME), "image/jpeg")
-        if variant == "thumbnail"
-        else (str(path), "video/mp4")
-    )
-    # conditional: Range -> 206 (416 beyond the end), Accept-Ranges, ETag, 304; a file removed
-    # since (the job's outputs cleaned up) is werkzeug's 404, answered as problem+json.
-    resp = send_from_directory(svc.artifact_dir, name, mimetype=mimetype, conditional=True)
-    return _cached(resp, max_age)
+    presign = max_age if svc.settings.storage_s3_presigned_links else None
+    return _cached(downloads.send_variant(job, variant, presign_s=presign), max_age)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import functools
 import logging
 from collections import Counter
-from typing import Any, get_args
+from typing import Any, Literal, get_args
 
 import redis
 from flask import Blueprint, Response, current_app, jsonify
-from pydantic import BaseModel, TypeAdapter
+from pydantic import BaseModel, Field, TypeAdapter
 
 from app.auth import current_principal
 from app.schemas import JobCreate
@@ -17,11 +17,36 @@ from app.services import extension, services
 from models import catalog, presence
 from models.cache import spec_version
 from models.plans import Plan
+from models.resource import Resource
 from models.swaps import Swaps
 from tasks.contract.stages import PIPELINES, QUEUES, as_stage
 
 log = logging.getLogger("genqueue.api")
 bp = Blueprint("models", __name__, url_prefix="/v1")
+
+
+class ModelInfo(Resource):
+    """A model a job may name (model_resource)."""
+
+    object: Literal["model"]
+    id: str = Field(description="What a job's `model` names.")
+    stage: str = Field(description="The pipeline stage it runs (`text`, `video`).")
+    modalities: list[str] = Field(description="The job modalities that run this stage.")
+    default: bool = Field(description="The stage's model when a job names none.")
+    source: Literal["builtin", "directory", "adapter"] = Field(
+        description="Bundled, a local model directory, or an adapter class (`module:Class`)."
+    )
+    version: str = Field(description="Package version or a local folder's stamp; part of the cache key.")
+    queue: str = Field(description="The worker queue that serves the stage.")
+    warm: bool | None = Field(description="A live worker process has it loaded; null: unknown (Redis down).")
+    warm_workers: int | None = Field(description="How many live worker processes have it loaded.")
+    allowed: bool = Field(description="The caller's plan lets its jobs run it (else 403 on submit).")
+    params: dict[str, Any] = Field(description="JSON Schema of `params` for a job running it: names, bounds.")
+
+
+class ModelList(Resource):
+    object: Literal["list"]
+    data: list[ModelInfo]
 
 
 @functools.cache
@@ -84,22 +109,22 @@ def _warm() -> Counter[tuple[str, str]] | None:
 
 def model_resource(
     model: catalog.CatalogModel, plan: Plan, warm: Counter[tuple[str, str]] | None
-) -> dict[str, Any]:
+) -> ModelInfo:
     workers = None if warm is None else warm[(model.stage, model.spec)]
-    return {
-        "object": "model",
-        "id": model.id,
-        "stage": model.stage,
-        "modalities": _modalities(model.stage),
-        "default": model.default,
-        "source": model.source,
-        "version": spec_version(model.spec),
-        "queue": QUEUES[as_stage(model.stage)],
-        "warm": None if workers is None else workers > 0,
-        "warm_workers": workers,
-        "allowed": plan.allows(model.stage, model.id),
-        "params": params_schema(model.stage),
-    }
+    return ModelInfo(
+        object="model",
+        id=model.id,
+        stage=model.stage,
+        modalities=_modalities(model.stage),
+        default=model.default,
+        source=model.source,
+        version=spec_version(model.spec),
+        queue=QUEUES[as_stage(model.stage)],
+        warm=None if workers is None else workers > 0,
+        warm_workers=workers,
+        allowed=plan.allows(model.stage, model.id),
+        params=params_schema(model.stage),
+    )
 
 
 @bp.get("/models")
@@ -109,4 +134,4 @@ def list_models() -> Response:
     plan = Plan.effective(settings, current_principal().plan_overrides)
     warm = _warm()
     data = [model_resource(m, plan, warm) for m in catalog.configured(settings)]
-    return jsonify({"object": "list", "data": data})
+    return jsonify(ModelList(object="list", data=data).public())

@@ -5,18 +5,30 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from flask import Blueprint, Response, current_app, jsonify
-from pydantic import TypeAdapter
+from pydantic import BaseModel, TypeAdapter
 
-from app import api_docs, events_openapi, openapi_rules, webhooks_openapi
+from app import api_docs, openapi_rules, webhook_resources, webhooks_openapi
+from app.errors import Problem
+from app.events_openapi import paths as events_paths
+from app.health import Health, Ready
+from app.models_api import ModelList
 from app.openapi_examples import TAGS, add_examples, add_tags
-from app.openapi_models import Health, Job, JobList, ModelList, Problem, Ready, Usage
 from app.openapi_parts import REF, json_answer, op, param, problems, ref
 from app.schemas import job_create_adapter
 from app.services import extension
+from models.events import JobEvent, JobEventList
+from models.resource import Job, JobList
 from models.settings import Settings
+from models.usage import Usage
 
 bp = Blueprint("openapi", __name__)
-RESPONSES = (Job, JobList, Problem, Health, Ready, Usage, ModelList)
+# The models the endpoints serialize their answers with: the document's schemas are theirs.
+RESPONSES: tuple[type[BaseModel], ...] = (
+    *(Job, JobList, Problem, Health, Ready, Usage),
+    *webhook_resources.MODELS,
+    *(JobEvent, JobEventList),
+    ModelList,
+)
 
 
 def _schemas(settings: Settings) -> dict[str, Any]:
@@ -26,8 +38,6 @@ def _schemas(settings: Settings) -> dict[str, Any]:
         ("JobCreate", job_create_adapter, "validation"),
         *[(m.__name__, TypeAdapter(m), "serialization") for m in RESPONSES],
         *[(m.__name__, TypeAdapter(m), "validation") for m in webhooks_openapi.REQUESTS],
-        *[(m.__name__, TypeAdapter(m), "serialization") for m in webhooks_openapi.MODELS],
-        *[(m.__name__, TypeAdapter(m), "serialization") for m in events_openapi.MODELS],
     ]
     for name, adapter, mode in named:
         schema = adapter.json_schema(ref_template=REF, mode=mode)
@@ -99,132 +109,142 @@ def _paths() -> dict[str, Any]:
             "GetJobEvents": {"operationId": "getJobEvents", **job_link},
         }
     submit["requestBody"] = {"required": True, "content": {"application/json": {"schema": ref("JobCreate")}}}
-    paths = webhooks_openapi.paths() | events_openapi.paths() | {
-        "/v1/jobs": {
-            "post": submit,
-            "get": op(
-                "listJobs",
-                "List jobs, newest first",
-                {"200": json_answer("JobList", "A page of jobs"), **problems(422)},
-                *listing,
-            ),
-        },
-        "/v1/jobs/{job_id}": {
-            "get": op(
-                "getJob",
-                "Get a job",
-                {
-                    "200": json_answer("Job", "The job", {"ETag": {"schema": text}}),
-                    "304": {"description": "Not modified"},
-                    **problems(404),
-                },
-                job_id,
-                param("If-None-Match", "header", text),
-            ),
-            "delete": op(
-                "deleteJob",
-                "Delete a job's data (idempotent): cancel it if active, remove its outputs, prompt and "
-                "files; the job stays listed, `data_removed: true`, and counts in usage",
-                {"204": {"description": "Deleted (now or before)"}, **problems(404)},
-                job_id,
-            ),
-        },
-        "/v1/jobs/{job_id}/cancel": {
-            "post": op(
-                "cancelJob",
-                "Cancel a job (idempotent)",
-                {"200": json_answer("Job", "Canceled (now or before)"), **problems(404, 409)},
-                job_id,
-            )
-        },
-        "/v1/jobs/{job_id}/content": {
-            "get": op(
-                "getJobContent",
-                "Download the job's text, video or thumbnail",
-                {
-                    "200": {"description": "The bytes", "content": binary},
-                    "206": {
-                        "description": "Partial content (Range)",
-                        "content": binary,
-                        "headers": {"Content-Range": {"schema": text}},
+    paths = (
+        webhooks_openapi.paths()
+        | events_paths()
+        | {
+            "/v1/jobs": {
+                "post": submit,
+                "get": op(
+                    "listJobs",
+                    "List jobs, newest first",
+                    {"200": json_answer("JobList", "A page of jobs"), **problems(422)},
+                    *listing,
+                ),
+            },
+            "/v1/jobs/{job_id}": {
+                "get": op(
+                    "getJob",
+                    "Get a job",
+                    {
+                        "200": json_answer("Job", "The job", {"ETag": {"schema": text}}),
+                        "304": {"description": "Not modified"},
+                        **problems(404),
                     },
-                    "304": {"description": "Not modified"},
-                    **problems(404, 409, 410, 422),
-                    **unsatisfiable,
-                },
-                job_id,
-                variant,
-                param("Range", "header", text),
-            )
-        },
-        "/v1/usage": {
-            "get": op(
-                "getUsage",
-                "The calling tenant's usage: jobs by outcome, GPU seconds, tokens, frames, cache hits",
-                {"200": json_answer("Usage", "Usage of the jobs submitted in the window"), **problems(422)},
-                *openapi_rules.usage_params(),
-            )
-        },
-        "/v1/models": {
-            "get": op(
-                "listModels",
-                "The models a job may name (`model`): stage, default, params, version, queue, warm",
-                {"200": json_answer("ModelList", "Every configured model")},
-            )
-        },
-        "/v1/media/{job_id}/{variant}": {"get": _media(job_id, variants, binary, unsatisfiable)},
-        "/v1/health": {
-            "get": op("health", "Liveness", {"200": json_answer("Health", "Alive")}, db=False, auth=False)
-        },
-        "/v1/ready": {
-            "get": op(
-                "ready", "Readiness: database and broker", {"200": json_answer("Ready", "Ready")}, auth=False
-            )
-        },
-        "/openapi.json": {
-            "get": op(
-                "openapi", "This document", {"200": {"description": "OpenAPI 3.1"}}, db=False, auth=False
-            )
-        },
-        "/docs": {
-            "get": op(
-                "docs",
-                "API reference for humans (this page)",
-                {"200": {"description": "HTML", "content": {"text/html": {}}}},
-                db=False,
-                auth=False,
-            )
-        },
-        "/docs/assets/{name}": {
-            "get": op(
-                "docsAsset",
-                "A stylesheet or script of /docs (cached for a year: the URL carries its version)",
-                {
-                    "200": {
-                        "description": "The file",
-                        "content": {"text/css": {}, "text/javascript": {}},
-                        "headers": {"Cache-Control": {"schema": text}, "ETag": {"schema": text}},
+                    job_id,
+                    param("If-None-Match", "header", text),
+                ),
+                "delete": op(
+                    "deleteJob",
+                    "Delete a job's data (idempotent): cancel it if active, remove its outputs, prompt and "
+                    "files; the job stays listed, `data_removed: true`, and counts in usage",
+                    {"204": {"description": "Deleted (now or before)"}, **problems(404)},
+                    job_id,
+                ),
+            },
+            "/v1/jobs/{job_id}/cancel": {
+                "post": op(
+                    "cancelJob",
+                    "Cancel a job (idempotent)",
+                    {"200": json_answer("Job", "Canceled (now or before)"), **problems(404, 409)},
+                    job_id,
+                )
+            },
+            "/v1/jobs/{job_id}/content": {
+                "get": op(
+                    "getJobContent",
+                    "Download the job's text, video or thumbnail",
+                    {
+                        "200": {"description": "The bytes", "content": binary},
+                        "206": {
+                            "description": "Partial content (Range)",
+                            "content": binary,
+                            "headers": {"Content-Range": {"schema": text}},
+                        },
+                        "304": {"description": "Not modified"},
+                        **problems(404, 409, 410, 422),
+                        **unsatisfiable,
                     },
-                    "304": {"description": "Not modified"},
-                    **problems(404),
-                },
-                param("name", "path", {"type": "string", "enum": list(api_docs.ASSETS)}),
-                param("v", "query", text, "The assets' version; any value serves the same file."),
-                param("If-None-Match", "header", text),
-                db=False,
-                auth=False,
-            )
-        },
-        "/metrics": {
-            "get": op(
-                "metrics",
-                "Prometheus metrics",
-                {"200": {"description": "Prometheus text format", "content": {"text/plain": {}}}},
-                db=False,
-                auth=False,
-            )
-        },
-    }
+                    job_id,
+                    variant,
+                    param("Range", "header", text),
+                )
+            },
+            "/v1/usage": {
+                "get": op(
+                    "getUsage",
+                    "The calling tenant's usage: jobs by outcome, GPU seconds, tokens, frames, cache hits",
+                    {
+                        "200": json_answer("Usage", "Usage of the jobs submitted in the window"),
+                        **problems(422),
+                    },
+                    *openapi_rules.usage_params(),
+                )
+            },
+            "/v1/models": {
+                "get": op(
+                    "listModels",
+                    "The models a job may name (`model`): stage, default, params, version, queue, warm",
+                    {"200": json_answer("ModelList", "Every configured model")},
+                )
+            },
+            "/v1/media/{job_id}/{variant}": {"get": _media(job_id, variants, binary, unsatisfiable)},
+            "/v1/health": {
+                "get": op("health", "Liveness", {"200": json_answer("Health", "Alive")}, db=False, auth=False)
+            },
+            "/v1/ready": {
+                "get": op(
+                    "ready",
+                    "Readiness: database and broker",
+                    {"200": json_answer("Ready", "Ready")},
+                    auth=False,
+                )
+            },
+            "/openapi.json": {
+                "get": op(
+                    "openapi", "This document", {"200": {"description": "OpenAPI 3.1"}}, db=False, auth=False
+                )
+            },
+            "/docs": {
+                "get": op(
+                    "docs",
+                    "API reference for humans (this page)",
+                    {"200": {"description": "HTML", "content": {"text/html": {}}}},
+                    db=False,
+                    auth=False,
+                )
+            },
+            "/docs/assets/{name}": {
+                "get": op(
+                    "docsAsset",
+                    "A stylesheet or script of /docs (cached for a year: the URL carries its version)",
+                    {
+                        "200": {
+                            "description": "The file",
+                            "content": {"text/css": {}, "text/javascript": {}},
+                            "headers": {"Cache-Control": {"schema": text}, "ETag": {"schema": text}},
+                        },
+                        "304": {"description": "Not modified"},
+                        **problems(404),
+                    },
+                    param("name", "path", {"type": "string", "enum": list(api_docs.ASSETS)}),
+                    param("v", "query", text, "The assets' version; any value serves the same file."),
+                    param("If-None-Match", "header", text),
+                    db=False,
+                    auth=False,
+                )
+            },
+            "/metrics": {
+                "get": op(
+                    "metrics",
+                    "Prometheus metrics",
+                    {"200": {"description": "Prometheus text format", "content": {"text/plain": {}}}},
+                    db=False,
+                    auth=False,
+                )
+            },
+        }
+    )
     add_examples(paths)
     add_tags(paths)
     return paths
@@ -253,6 +273,11 @@ def _media(job_id: Any, variants: Any, binary: Any, unsatisfiable: Any) -> Any:
         {
             "200": found,
             "206": partial,
+            "302": {
+                "description": "With `storage_s3_presigned_links` (video and thumbnail): the bytes are at "
+                "a presigned S3 URL that expires with the link",
+                "headers": {**cache, "Location": {"schema": text}},
+            },
             "304": {"description": "Not modified"},
             **forbidden,
             **gone,

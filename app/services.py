@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from models.media_links import MediaSigner
 from models.settings import Settings
+from models.storage import Storage
 
 EXTENSION = "genqueue"
 
@@ -28,6 +29,7 @@ class Services:
     sessions: sessionmaker[Session]
     celery: Celery
     artifact_dir: Path
+    storage: Storage  # where artifacts are read and removed (models.storage): the workers' too
     metrics: Any  # app.metrics.Metrics
     media_signer: MediaSigner | None = None  # None: no signed links (no keys configured)
 

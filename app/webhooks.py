@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import uuid
-from datetime import datetime
 from typing import Any
 
 from flask import Blueprint, Response, jsonify
@@ -13,17 +12,23 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from app.auth import owned, tenant_id
+from app.body import json_body
 from app.errors import Conflict, NotFound, ValidationFailed
-from app.jobs import _json_body, _load
+from app.job_access import load_job
 from app.schemas import field_errors
 from app.services import services
+from app.webhook_resources import (
+    delivery_list,
+    delivery_resource,
+    endpoint_list,
+    endpoint_resource,
+    secret_resource,
+)
 from app.webhook_schemas import EndpointCreate
 from models import Job
 from models.base import utcnow
 from models.db import transaction
 from models.webhook import (
-    ALL_EVENTS,
-    TERMINAL_EVENTS,
     DeliveryStatus,
     WebhookDelivery,
     WebhookEndpoint,
@@ -41,55 +46,6 @@ bp = Blueprint("webhooks", __name__, url_prefix="/v1")
 NO_STORE = {"Cache-Control": "no-store"}
 
 
-def _iso(value: datetime | None) -> str | None:
-    return value.isoformat().replace("+00:00", "Z") if value else None
-
-
-def endpoint_resource(ep: WebhookEndpoint) -> dict[str, Any]:
-    default = TERMINAL_EVENTS if ep.job_id is not None else ALL_EVENTS
-    return {
-        "id": str(ep.id),
-        "object": "webhook_endpoint",
-        "url": ep.url,
-        "events": list(ep.events or default),
-        "description": ep.description,
-        "job_id": str(ep.job_id) if ep.job_id else None,
-        "created_at": _iso(ep.created_at),
-        "disabled_at": _iso(ep.disabled_at),
-        "disabled_reason": ep.disabled_reason,
-    }
-
-
-def delivery_resource(d: WebhookDelivery) -> dict[str, Any]:
-    return {
-        "id": str(d.id),
-        "object": "webhook_delivery",
-        "job_id": str(d.job_id),
-        "event_type": d.event_type,
-        "webhook_id": d.message.webhook_id,
-        "endpoint": {"id": str(d.endpoint_id), "url": d.endpoint.url},
-        "status": d.status,
-        "attempts": d.attempts,
-        "next_attempt_at": _iso(d.next_attempt_at),
-        "last_status_code": d.last_status_code,
-        "last_error": d.last_error,
-        "created_at": _iso(d.created_at),
-        "delivered_at": _iso(d.delivered_at),
-        "attempt_log": [
-            {
-                "number": a.number,
-                "started_at": _iso(a.started_at),
-                "duration_ms": a.duration_ms,
-                "status_code": a.status_code,
-                "error": a.error,
-                "response_excerpt": a.response_excerpt,
-                "next_attempt_at": _iso(a.next_attempt_at),
-            }
-            for a in d.log
-        ],
-    }
-
-
 def _uuid(raw: str, what: str) -> uuid.UUID:
     try:
         return uuid.UUID(raw)
@@ -100,7 +56,7 @@ def _uuid(raw: str, what: str) -> uuid.UUID:
 @bp.post("/webhooks")
 def create_endpoint() -> tuple[Response, int, dict[str, str]]:
     svc = services()
-    body = _json_body()
+    body = json_body()
     try:
         req = EndpointCreate.model_validate(body, context={"settings": svc.settings})
     except ValidationError as exc:
@@ -126,7 +82,7 @@ def _registered() -> Any:
 def list_endpoints() -> Response:
     with services().sessions() as s:
         rows = s.scalars(_registered().order_by(WebhookEndpoint.created_at)).all()
-        return jsonify({"data": [endpoint_resource(ep) for ep in rows]})
+        return jsonify(endpoint_list(list(rows)))
 
 
 # A uuid converter, not a plain segment: `/webhooks/secret` must not match this rule too (the
@@ -150,15 +106,13 @@ def delete_endpoint(endpoint_id: uuid.UUID) -> tuple[str, int]:
     return "", 204
 
 
-def _secret_resource(s: Any) -> dict[str, Any]:
+def _secret_resource(s: Any, rotated_from: Any = None) -> dict[str, Any]:
+    """The caller's secret; after a rotation (`rotated_from`: the old one) when that one stops."""
     cur = current_secret(s, tenant_id())
     previous = [x for x in signing_secrets(s, tenant_id()) if x != cur.secret]
-    return {
-        "object": "webhook_secret",
-        "secret": cur.secret,
-        "created_at": _iso(cur.created_at),
-        "previous_secret_active": bool(previous),
-    }
+    if rotated_from is None:
+        return secret_resource(cur.secret, cur.created_at, bool(previous))
+    return secret_resource(cur.secret, cur.created_at, bool(previous), True, rotated_from.expires_at)
 
 
 @bp.get("/webhooks/secret")
@@ -175,7 +129,7 @@ def rotate() -> tuple[Response, int, dict[str, str]]:
     try:
         with transaction(svc.sessions) as s:
             _, old = rotate_secret(s, tenant_id(), svc.settings.webhook_secret_grace_s)
-            body = _secret_resource(s) | {"previous_expires_at": _iso(old.expires_at)}
+            body = _secret_resource(s, rotated_from=old)
     except IntegrityError:
         raise Conflict("Another rotation happened at the same time; read the secret again.") from None
     return jsonify(body), 200, NO_STORE
@@ -184,8 +138,8 @@ def rotate() -> tuple[Response, int, dict[str, str]]:
 @bp.get("/jobs/<job_id>/webhook-deliveries")
 def list_deliveries(job_id: str) -> Response:
     with services().sessions() as s:
-        job = _load(s, job_id)
-        return jsonify({"data": [delivery_resource(d) for d in job_deliveries(s, job.id)]})
+        job = load_job(s, job_id)
+        return jsonify(delivery_list(list(job_deliveries(s, job.id))))
 
 
 @bp.post("/webhook-deliveries/<delivery_id>/redeliver")

@@ -1,86 +1,14 @@
-"""The webhook part of /openapi.json: response models and the operations of app.webhooks."""
+"""The webhook part of /openapi.json: the operations of app.webhooks (models: app.webhook_resources)."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel
 
 from app.openapi_parts import json_answer, op, param, problems, ref
-from app.webhook_schemas import EndpointCreate, EventType
+from app.webhook_schemas import EndpointCreate
 
-
-class _Doc(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class WebhookEndpoint(_Doc):
-    id: str
-    object: Literal["webhook_endpoint"]
-    url: str
-    events: list[EventType]
-    description: str | None
-    job_id: str | None = Field(description="Set for a job's own webhook; null for registered endpoints.")
-    created_at: str
-    disabled_at: str | None
-    disabled_reason: str | None = Field(description="`gone` after a 410 response, `deleted`.")
-
-
-class WebhookEndpointList(_Doc):
-    data: list[WebhookEndpoint]
-
-
-class WebhookSecret(_Doc):
-    object: Literal["webhook_secret"]
-    secret: str = Field(description="`whsec_<base64>`: verify signatures with any Standard Webhooks library.")
-    created_at: str
-    previous_secret_active: bool = Field(description="The previous secret still signs (rotation grace).")
-    previous_expires_at: str | None = Field(None, description="Rotation only: when the old secret stops.")
-
-
-class WebhookAttempt(_Doc):
-    number: int
-    started_at: str
-    duration_ms: int
-    status_code: int | None
-    error: str | None
-    response_excerpt: str | None
-    next_attempt_at: str | None
-
-
-class WebhookEndpointRef(_Doc):
-    id: str
-    url: str
-
-
-class WebhookDelivery(_Doc):
-    id: str
-    object: Literal["webhook_delivery"]
-    job_id: str
-    event_type: EventType
-    webhook_id: str = Field(description="The `webhook-id` header: the same on every attempt and replay.")
-    endpoint: WebhookEndpointRef
-    status: Literal["pending", "delivered", "failed", "disabled"]
-    attempts: int
-    next_attempt_at: str | None
-    last_status_code: int | None
-    last_error: str | None
-    created_at: str
-    delivered_at: str | None
-    attempt_log: list[WebhookAttempt]
-
-
-class WebhookDeliveryList(_Doc):
-    data: list[WebhookDelivery]
-
-
-MODELS: list[type[BaseModel]] = [
-    WebhookEndpoint,
-    WebhookEndpointList,
-    WebhookSecret,
-    WebhookDelivery,
-    WebhookDeliveryList,
-]
 REQUESTS: list[type[BaseModel]] = [EndpointCreate]
 
 

@@ -26,6 +26,7 @@ from models import catalog, outbox
 from models.base import utcnow
 from models.job import ACTIVE, Job, JobStatus, Modality
 from models.settings import Settings
+from models.storage import Storage
 
 
 @lru_cache(maxsize=64)
@@ -111,7 +112,7 @@ def _lock_key(session: Session, key: str) -> None:
 def find_source(
     session: Session,
     key: str,
-    artifact_dir: str | os.PathLike[str] | None = None,
+    storage: Storage | None = None,
     tenant_id: uuid.UUID | None = None,
 ) -> Job | None:
     """The job to reuse for `key`: the newest succeeded one, else an active one; None on a miss.
@@ -134,17 +135,18 @@ def find_source(
         if (
             job.status == JobStatus.SUCCEEDED
             and job.modality == Modality.VIDEO
-            and not _present(job, artifact_dir)
+            and not _present(job, storage)
         ):
-            continue  # artifacts expire or get removed: a result whose file is gone is not a hit
+            continue  # artifacts expire or get removed: a result whose object is gone is not a hit
         return job
     return None
 
 
-def _present(job: Job, artifact_dir: str | os.PathLike[str] | None) -> bool:
+def _present(job: Job, storage: Storage | None) -> bool:
+    """The source's video object still exists (one stat: a HEAD request on S3)."""
     if not job.artifact_path:
         return False
-    return artifact_dir is None or os.path.exists(os.path.join(artifact_dir, job.artifact_path))
+    return storage is None or storage.exists(job.artifact_path)
 
 
 def attach(session: Session, job: Job, source: Job) -> None:

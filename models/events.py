@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from datetime import datetime
+from typing import Any, Literal
 
+from pydantic import Field
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session
 
-from models.job import JobEvent
+from models.base import utcnow
+from models.job import JobEvent as EventRow
+from models.resource import Resource
 
 CHANNEL = "genqueue_job_events"
 TERMINAL_EVENTS = frozenset({"job.succeeded", "job.failed", "job.canceled"})
@@ -44,25 +48,71 @@ def parse(payload: str) -> tuple[uuid.UUID, int | None] | None:
         return None
 
 
-def after(session: Session, job_id: uuid.UUID, after_id: int = 0, limit: int = 100) -> Sequence[JobEvent]:
+def after(session: Session, job_id: uuid.UUID, after_id: int = 0, limit: int = 100) -> Sequence[EventRow]:
     """The job's stored events with id > after_id, oldest first, at most `limit`."""
     stmt = (
-        select(JobEvent)
-        .where(JobEvent.job_id == job_id, JobEvent.id > after_id)
-        .order_by(JobEvent.id)
+        select(EventRow)
+        .where(EventRow.job_id == job_id, EventRow.id > after_id)
+        .order_by(EventRow.id)
         .limit(limit)
     )
     return session.scalars(stmt).all()
 
 
-def public(event: JobEvent) -> dict[str, Any]:
+class JobEvent(Resource):
+    id: int | None = Field(description="Monotonic per deployment; null on an ephemeral progress event.")
+    type: str = Field(description="`job.started`, `job.progress`, `job.text.completed`, `job.succeeded`, ...")
+    from_status: str | None
+    to_status: str | None
+    stage: str | None
+    data: dict[str, Any] = Field(description="Type-specific: `progress` (0-100), error `code`, ...")
+    created_at: str
+
+
+class JobEventList(Resource):
+    object: Literal["list"]
+    data: list[JobEvent]
+    has_more: bool
+    next_after: int = Field(description="Pass as `after` for the next page (the last id seen).")
+
+
+def _utc(value: datetime) -> str:
+    return value.isoformat().replace("+00:00", "Z")
+
+
+def _model(event: EventRow) -> JobEvent:
+    return JobEvent(
+        id=event.id,
+        type=event.type,
+        from_status=event.from_status,
+        to_status=event.to_status,
+        stage=event.stage,
+        data=event.data or {},
+        created_at=_utc(event.created_at),
+    )
+
+
+def public(event: EventRow) -> dict[str, Any]:
     """The event as the API shows it."""
-    return {
-        "id": event.id,
-        "type": event.type,
-        "from_status": event.from_status,
-        "to_status": event.to_status,
-        "stage": event.stage,
-        "data": event.data or {},
-        "created_at": event.created_at.isoformat().replace("+00:00", "Z"),
-    }
+    return _model(event).public()
+
+
+def progress_event(progress: int, stage: str | None) -> dict[str, Any]:
+    """An ephemeral progress event: shaped like a stored one, without an id (not replayed)."""
+    event = JobEvent(
+        id=None,
+        type="job.progress",
+        from_status=None,
+        to_status=None,
+        stage=stage,
+        data={"progress": progress},
+        created_at=_utc(utcnow()),
+    )
+    return event.public()
+
+
+def page(rows: Sequence[EventRow], after_id: int, has_more: bool) -> dict[str, Any]:
+    """A JSON page of stored events; `next_after` is the last id in it (else the cursor given)."""
+    next_after = rows[-1].id if rows else after_id
+    data = [_model(e) for e in rows]
+    return JobEventList(object="list", data=data, has_more=has_more, next_after=next_after).public()

@@ -1,15 +1,19 @@
-"""Tenant plans: per-tenant limits on what a job may ask for, defaults from Settings."""
+"""Tenant plans: per-tenant limits on what a job may ask for and how long its results live."""
 
 from __future__ import annotations
 
 import dataclasses
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from limits import parse_many
+from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from models.settings import Settings
+from models.tenant import Tenant
 
 PRIORITY_RANK = {"low": 0, "normal": 1, "high": 2}
 
@@ -38,11 +42,13 @@ class Plan:
     max_steps: int
     max_priority: str  # the highest priority the tenant may ask for
     max_prompt_chars: int
+    retention_s: int  # how long a finished job's outputs are kept (0: forever)
+    media_url_ttl_s: int  # how long a signed link to a job's content stays valid
     allowed_models: str  # comma-separated model ids, "stage:id" for one stage's; "": every model
 
     @classmethod
     def default(cls, settings: Settings) -> Plan:
-        return cls(**{f.name: getattr(settings, f"plan_{f.name}") for f in dataclasses.fields(cls)})
+        return cls(**{f.name: getattr(settings, _setting(f.name)) for f in dataclasses.fields(cls)})
 
     @classmethod
     def effective(cls, settings: Settings, overrides: dict[str, Any] | None) -> Plan:
@@ -81,6 +87,34 @@ class Plan:
 
 
 PLAN_FIELDS = {f.name: f.type for f in dataclasses.fields(Plan)}
+# Limits whose default is a setting of its own name (they predate plans), not `plan_<name>`.
+_OWN_SETTING = ("retention_s", "media_url_ttl_s")
+
+
+def _setting(name: str) -> str:
+    return name if name in _OWN_SETTING else f"plan_{name}"
+
+
+def bounds(name: str) -> tuple[int, int | None]:
+    """(least, most) a plan may set `name` to: the bounds of its default's setting (None: no top)."""
+    low, high = 0, None
+    for rule in Settings.model_fields[_setting(name)].metadata:  # pydantic's Ge / Le markers
+        if getattr(rule, "ge", None) is not None:
+            low = max(low, int(rule.ge))
+        if getattr(rule, "le", None) is not None:
+            high = int(rule.le)
+    return low, high
+
+
+def for_tenant(session: Session, settings: Settings, tenant_id: uuid.UUID) -> Plan:
+    """The tenant's effective plan (the default one for an unknown tenant)."""
+    return Plan.effective(settings, session.scalar(select(Tenant.plan).where(Tenant.id == tenant_id)))
+
+
+def retention_overrides(session: Session) -> dict[uuid.UUID, int]:
+    """Tenant id -> retention_s for the tenants whose plan sets its own (few: most follow the default)."""
+    rows = session.execute(select(Tenant.id, Tenant.plan))
+    return {tid: int(plan["retention_s"]) for tid, plan in rows if plan and "retention_s" in plan}
 
 
 def check_overrides(values: dict[str, Any]) -> dict[str, Any]:
@@ -102,5 +136,10 @@ def check_overrides(values: dict[str, Any]) -> dict[str, Any]:
                 raise ValueError(f"rate_limit {value!r} is not like '10/second;300/minute'") from None
         elif not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ValueError(f"{name} must be a non-negative integer")
+        else:
+            low, high = bounds(name)
+            if value < low or (high is not None and value > high):
+                top = f" to {high}" if high is not None else " or more"
+                raise ValueError(f"{name} must be {low}{top}")
         out[name] = value
     return out

@@ -1,17 +1,120 @@
-"""The public job resource: one serializer for the API, the CLI and webhook payloads."""
+"""The public job resource: its pydantic models (the /openapi.json schemas) and the one serializer.
+
+The models are the only definition of the resource: job_resource builds a `Job` and dumps it, so
+a field added here appears in every answer (API, CLI, webhook payloads) and in the document.
+To add one: declare it on its model below (with a `description`), and set it in job_model; a
+model without it, or a value for a field the model lacks, is a ValidationError at once.
+"""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
-from models.job import Job, JobStatus, Modality
+from pydantic import BaseModel, ConfigDict, Field
+
+from models.job import Job as JobRow
+from models.job import JobStatus, Modality
 from models.media_links import MediaSigner
 from models.retention import expires_at
 
+Status = Literal["queued", "running", "succeeded", "failed", "canceled"]
 
-def _iso(value: datetime | None) -> str | None:
+
+class Resource(BaseModel):
+    """A response model: closed (an undocumented field is an error, not a silent extra)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    def public(self) -> dict[str, Any]:
+        """The JSON answer. Optional fields that were never set (those with a default) stay out,
+        as they always did; a field set to None is a null."""
+        return self.model_dump(mode="json", by_alias=True, exclude_unset=True)
+
+
+def iso(value: datetime | None) -> str | None:
+    """UTC timestamps as the API writes them: ISO 8601 with a `Z`."""
     return value.isoformat().replace("+00:00", "Z") if value else None
+
+
+class JobOutputs(Resource):
+    text: str | None
+    text_url: str | None
+    video_url: str | None
+    thumbnail_url: str | None
+    text_signed_url: str | None = Field(
+        description="Absolute link to the text that needs no API key, valid until signed_urls_expire_at."
+    )
+    video_signed_url: str | None = Field(
+        description="Absolute link to the MP4 that needs no API key (a `<video src>`); Range, HEAD, "
+        "CORS; valid until signed_urls_expire_at. Null when the server has no signing key."
+    )
+    thumbnail_signed_url: str | None = Field(description="Absolute link to the JPEG thumbnail, no API key.")
+    signed_urls_expire_at: str | None = Field(description="When the signed links stop working (UTC).")
+
+
+class JobError(Resource):
+    code: str | None
+    message: str | None
+    stage: str | None
+
+
+class JobTimings(Resource):
+    created_at: str | None
+    started_at: str | None
+    text_completed_at: str | None
+    completed_at: str | None
+    queue_s: float | None
+    text_s: float | None
+    video_s: float | None
+    gpu_s: float | None
+
+
+class JobModel(Resource):
+    asked: str | None = Field(description="The model id the job named for the stage; null: the default.")
+    id: str | None = Field(description="The model that ran (differs after a degraded retry); null before.")
+    version: str | None = Field(description="Its version (package version, or a local folder's stamp).")
+
+
+class Job(Resource):
+    """The job resource (models.resource.job_resource)."""
+
+    id: str
+    object: Literal["job"]
+    status: Status
+    stage: Literal["text", "video"] | None
+    progress: int = Field(ge=0, le=100)
+    queue_position: int | None = Field(description="1-based place among queued jobs; null unless queued.")
+    modality: Literal["text", "video"]
+    prompt: str
+    params: dict[str, Any] = Field(description="Complete: every omitted param filled with its default.")
+    priority: Literal["high", "normal", "low"]
+    outputs: JobOutputs
+    error: JobError | None
+    attempts: int = Field(description="Runs of the current stage: retries and redeliveries included.")
+    degraded: dict[str, Any] | None = Field(
+        description="Set when the video stage was retried at a lower cost: reason, from, to."
+    )
+    models: dict[str, JobModel] = Field(
+        description="Per stage (`text`, `video`): the model asked for and the one that ran, with its version."
+    )
+    cached: bool = Field(description="Answered from an identical earlier job, not computed again.")
+    source_job_id: str | None = Field(description="The identical job a cached one reused; else null.")
+    timings: JobTimings
+    metadata: dict[str, str]
+    expires_at: str | None = Field(
+        description="When the finished job's outputs, prompt and files are removed (UTC; "
+        "`retention_s` after completed_at); null while the job is active or when nothing expires."
+    )
+    data_removed: bool = Field(
+        description="The outputs, prompt and files were removed (expired, or DELETE); content and "
+        "signed links answer 410. The job still counts in usage."
+    )
+
+
+class JobList(Resource):
+    data: list[Job]
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null on the last.")
 
 
 def _seconds(start: datetime | None, end: datetime | None) -> float | None:
@@ -19,7 +122,7 @@ def _seconds(start: datetime | None, end: datetime | None) -> float | None:
 
 
 def _signed(
-    job: Job, signer: MediaSigner | None, base_url: str, has_text: bool, has_video: bool
+    job: JobRow, signer: MediaSigner | None, base_url: str, has_text: bool, has_video: bool
 ) -> dict[str, str | None]:
     """Links that work without an API key until `signed_urls_expire_at`; null without a signer."""
     out: dict[str, str | None] = dict.fromkeys(
@@ -32,68 +135,85 @@ def _signed(
     for variant, present in (("text", has_text), ("video", has_video), ("thumbnail", has_video)):
         if present:
             out[f"{variant}_signed_url"] = f"{base}/{variant}?{signer.query(job.id, variant, expires)}"
-    out["signed_urls_expire_at"] = _iso(datetime.fromtimestamp(expires, UTC))
+    out["signed_urls_expire_at"] = iso(datetime.fromtimestamp(expires, UTC))
     return out
 
 
-def job_resource(
-    job: Job,
+def job_model(
+    job: JobRow,
     base_url: str = "",
     queue_position: int | None = None,
     signer: MediaSigner | None = None,
     signed_base_url: str = "",
     retention_s: int | None = None,
-) -> dict[str, Any]:
+) -> Job:
     """The job as GET /v1/jobs/{id} returns it; signed links (absolute: `signed_base_url`) with a signer."""
     ready = job.status == JobStatus.SUCCEEDED
     content = f"{base_url}/v1/jobs/{job.id}/content"
     has_video = bool(ready and job.modality == Modality.VIDEO and job.artifact_path)
     # The usage definition (models.usage): every attempt's GPU share, not the last attempt's wall time.
     gpu = [s for s in (job.text_gpu_s, job.video_gpu_s) if s is not None]
-    return {
-        "id": str(job.id),
-        "object": "job",
-        "status": job.status,
-        "stage": job.stage,
-        "progress": job.progress,
-        "queue_position": queue_position if job.status == JobStatus.QUEUED else None,
-        "modality": job.modality,
-        "prompt": job.prompt,
-        "params": job.params or {},
-        "priority": job.priority,
-        "outputs": {
-            "text": job.output_text,
-            "text_url": f"{content}?variant=text" if job.output_text is not None else None,
-            "video_url": f"{content}?variant=video" if has_video else None,
-            "thumbnail_url": f"{content}?variant=thumbnail" if has_video else None,
+    return Job(
+        id=str(job.id),
+        object="job",
+        status=job.status,
+        stage=job.stage,
+        progress=job.progress,
+        queue_position=queue_position if job.status == JobStatus.QUEUED else None,
+        modality=job.modality,
+        prompt=job.prompt,
+        params=job.params or {},
+        priority=job.priority,
+        outputs=JobOutputs(
+            text=job.output_text,
+            text_url=f"{content}?variant=text" if job.output_text is not None else None,
+            video_url=f"{content}?variant=video" if has_video else None,
+            thumbnail_url=f"{content}?variant=thumbnail" if has_video else None,
             **_signed(job, signer, signed_base_url, job.output_text is not None, has_video),
-        },
-        "error": (
-            {"code": job.error_code, "message": job.error_message, "stage": job.error_stage}
+        ),
+        error=(
+            JobError(code=job.error_code, message=job.error_message, stage=job.error_stage)
             if job.error_code
             else None
         ),
-        "attempts": job.attempts,
-        "degraded": job.degraded,
+        attempts=job.attempts,
+        degraded=job.degraded,
         # Per stage: the model id asked for (named or default), and the id and version that ran.
-        "models": {
-            stage: {"asked": m.get("asked"), "id": m.get("id"), "version": m.get("version")}
+        models={
+            stage: JobModel(asked=m.get("asked"), id=m.get("id"), version=m.get("version"))
             for stage, m in (job.models or {}).items()
         },
-        "cached": bool(job.cached),
-        "source_job_id": str(job.source_job_id) if job.source_job_id else None,
-        "timings": {
-            "created_at": _iso(job.created_at),
-            "started_at": _iso(job.started_at),
-            "text_completed_at": _iso(job.text_completed_at),
-            "completed_at": _iso(job.completed_at),
-            "queue_s": _seconds(job.created_at, job.started_at),
-            "text_s": job.text_s,
-            "video_s": job.video_s,
-            "gpu_s": round(sum(gpu), 3) if gpu else None,
-        },
-        "metadata": job.meta or {},
+        cached=bool(job.cached),
+        source_job_id=str(job.source_job_id) if job.source_job_id else None,
+        timings=JobTimings(
+            created_at=iso(job.created_at),
+            started_at=iso(job.started_at),
+            text_completed_at=iso(job.text_completed_at),
+            completed_at=iso(job.completed_at),
+            queue_s=_seconds(job.created_at, job.started_at),
+            text_s=job.text_s,
+            video_s=job.video_s,
+            gpu_s=round(sum(gpu), 3) if gpu else None,
+        ),
+        metadata=job.meta or {},
         # Retention (models.retention): when the outputs go, and whether they have.
-        "expires_at": _iso(expires_at(job, retention_s)),
-        "data_removed": job.data_removed_at is not None,
-    }
+        expires_at=iso(expires_at(job, retention_s)),
+        data_removed=job.data_removed_at is not None,
+    )
+
+
+def job_resource(
+    job: JobRow,
+    base_url: str = "",
+    queue_position: int | None = None,
+    signer: MediaSigner | None = None,
+    signed_base_url: str = "",
+    retention_s: int | None = None,
+) -> dict[str, Any]:
+    """job_model as JSON: what the API, the CLI and webhook payloads carry."""
+    return job_model(job, base_url, queue_position, signer, signed_base_url, retention_s).public()
+
+
+def job_list(jobs: list[Job], next_cursor: str | None) -> dict[str, Any]:
+    """A page of GET /v1/jobs."""
+    return JobList(data=jobs, next_cursor=next_cursor).public()

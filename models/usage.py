@@ -16,12 +16,14 @@ import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
+from pydantic import Field
 from sqlalchemy import ColumnElement, Row, case, func, literal, select
 from sqlalchemy.orm import Session
 
 from models.job import Job, JobStatus, Modality, Stage
+from models.resource import Resource
 
 DEFAULT_DAYS = 30  # the window when `from` is not given: the 30 days before `to`
 MAX_DAYS = 366  # the longest window one query may cover
@@ -147,6 +149,54 @@ def usage(
     return {"total": _row(total), "groups": groups}
 
 
+_TIME: dict[str, Any] = {"format": "date-time"}
+
+
+class UsageJobs(Resource):
+    total: int
+    queued: int
+    running: int
+    succeeded: int
+    failed: int
+    canceled: int
+
+
+class UsageGpu(Resource):
+    text: float = Field(description="GPU seconds of the text stage: every attempt's share, retries included.")
+    video: float = Field(description="GPU seconds of the video stage, likewise.")
+    total: float
+
+
+class UsageGroup(Resource):
+    key: str = Field(description="`YYYY-MM-DD` (UTC), the modality, or `<stage>:<model>` (`-`: none ran).")
+    stage: Literal["text", "video"] | None = Field(None, description="group_by=model only.")
+    model: str | None = Field(None, description="group_by=model only; null: no model ran that stage.")
+    jobs: UsageJobs
+    gpu_s: UsageGpu
+    tokens: int
+    frames: int
+    cache_hits: int = Field(description="Jobs answered by an identical one: cached copies and followers.")
+
+
+class UsageTotals(Resource):
+    jobs: UsageJobs = Field(description="Jobs submitted in the window, by their status now.")
+    gpu_s: UsageGpu
+    tokens: int = Field(description="Tokens the text model generated.")
+    frames: int = Field(description="Frames the video model rendered.")
+    cache_hits: int = Field(description="Jobs answered by an identical one: cached copies and followers.")
+
+
+class Usage(Resource):
+    """The calling tenant's usage (models.usage.usage_resource)."""
+
+    object: Literal["usage"]
+    from_: str = Field(alias="from", description="Start of the window (inclusive).", json_schema_extra=_TIME)
+    to: str = Field(description="End of the window (exclusive), UTC.", json_schema_extra=_TIME)
+    group_by: Literal["day", "model", "modality"] | None
+    total: UsageTotals
+    groups: list[UsageGroup] = Field(description="Key ascending; empty without group_by.")
+
+
 def _iso(value: datetime) -> str:
     return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
@@ -156,10 +206,12 @@ def usage_resource(
 ) -> dict[str, Any]:
     """The usage object as GET /v1/usage and `genqueue usage` give it."""
     body = usage(session, tenant_id, start, end, group_by)
-    return {
+    resource = {
         "object": "usage",
         "from": _iso(start),
         "to": _iso(end),
         "group_by": group_by.value if group_by is not None else None,
         **body,
     }
+    # Through the model: a key it lacks is an error, and `stage`/`model` stay out of day groups.
+    return Usage.model_validate(resource).public()

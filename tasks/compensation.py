@@ -48,7 +48,7 @@ def compensate_job(rt: Runtime, job_id: uuid.UUID) -> bool:
         status = job.status if job is not None else None
     if status not in FINISHED_UNSUCCESSFULLY:
         return False  # never touch a succeeded (or still active) job's files
-    removed = artifacts.remove_job_dir(rt.artifact_dir, job_id)
+    removed = artifacts.remove_job_dir(rt.storage, job_id)
     with transaction(rt.sessions) as s:
         job = s.get(Job, job_id)
         assert job is not None

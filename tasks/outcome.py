@@ -27,6 +27,6 @@ def settle(rt: Runtime, job_id: uuid.UUID, outcome: Outcome) -> None:
     leaves its files alone: whoever moved the job there owns the cleanup.
     """
     if outcome is Outcome.COMPLETED or compensation.is_succeeded(rt, job_id):
-        artifacts.sweep_temp(rt.artifact_dir, job_id)
+        artifacts.sweep_temp(rt.storage, job_id)
     elif outcome is Outcome.OVERTAKEN:
         compensation.compensate_job(rt, job_id)

@@ -158,7 +158,7 @@ def _video_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID) -> None:
     meter, spec = Meter(), job_models.spec(models, Stage.VIDEO, model)
     try:
         result, seconds = _render(self, rt, job, run_request, spec, meter)
-        relpath, size = artifacts.write_video(rt.artifact_dir, jid, result.frames, result.fps)
+        relpath, size = artifacts.write_video(rt.storage, jid, result.frames, result.fps)
     except Exception as exc:
         _charge(rt, jid, Stage.VIDEO, _cost(job, Stage.VIDEO, meter, model, spec))
         failures.handle(self, rt, job, Stage.VIDEO, exc, video_request=request)

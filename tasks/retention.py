@@ -28,17 +28,16 @@ def expire_artifacts(self: Task[[], int]) -> int:
 
 
 def expire(rt: Runtime, now: datetime | None = None) -> int:
-    """One bounded pass: at most retention_batch expired jobs lose their data; returns how many.
+    """One bounded pass: at most retention_batch expired jobs (past their tenant's plan
+    retention) lose their data; returns how many.
 
     The rows stay locked (SKIP LOCKED) while their folders go and until they are marked, so two
     runs at once never take the same job, and a crash between the two leaves them unmarked for
     the next run (removing a folder again is a no-op).
     """
     s = rt.settings
-    if not s.retention_s:
-        return 0
     with transaction(rt.sessions) as session:
-        ids = retention.lock_expired(session, s.retention_s, s.retention_batch, now)
+        ids = retention.lock_expired(session, s, s.retention_batch, now)
         remove_files(rt, ids)
         return retention.mark_removed(session, ids)
 
@@ -46,4 +45,4 @@ def expire(rt: Runtime, now: datetime | None = None) -> int:
 def remove_files(rt: Runtime, job_ids: Iterable[uuid.UUID]) -> None:
     """Each job's own folder (a cached copy has none: it pointed at its source's files)."""
     for job_id in job_ids:
-        artifacts.remove_job_dir(rt.artifact_dir, job_id)
+        artifacts.remove_job_dir(rt.storage, job_id)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from models.db import make_engine, make_session_factory
 from models.settings import Settings
+from models.storage import Storage, open_storage
 from tasks import model_presence
 from tasks.celery_app import app_settings
 from tasks.contract.publish import wake_dispatch_on_commit
@@ -28,6 +30,11 @@ class Runtime:
     @property
     def artifact_dir(self) -> Path:
         return Path(self.settings.artifact_dir)
+
+    @functools.cached_property
+    def storage(self) -> Storage:
+        """Where this process writes and removes artifacts (built on first use, after the fork)."""
+        return open_storage(self.settings)
 
 
 _runtimes: dict[int, Runtime] = {}

@@ -23,6 +23,7 @@ from celery import Task, shared_task
 from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from models import plans
 from models.base import utcnow
 from models.db import transaction
 from models.job import Job
@@ -132,8 +133,9 @@ def fan_out(sessions: sessionmaker[Session], settings: Settings, job_id: uuid.UU
         _job_endpoint(s, job_id, tenant_id, messages[-1].snapshot)
         endpoints = s.scalars(endpoints_for(job_id, tenant_id)).all()
         now, base, made = utcnow(), settings.public_base_url.rstrip("/"), 0
+        retention_s = plans.for_tenant(s, settings, tenant_id).retention_s  # expires_at as the API says it
         for msg in messages:
-            msg.body, msg.fanned_out_at = render(msg, base, settings.retention_s), now
+            msg.body, msg.fanned_out_at = render(msg, base, retention_s), now
             for ep in endpoints:
                 if ep.wants(msg.type):
                     s.add(
@@ -266,6 +268,9 @@ def send_due(sessions: sessionmaker[Session], settings: Settings, job_id: uuid.U
                 if d is None or tenant_id is None:
                     return wake
                 s.refresh(d, ["endpoint", "message"])
+                if d.message.body is None:  # scrubbed: the job's data was removed (models.retention)
+                    retention_s = plans.for_tenant(s, settings, tenant_id).retention_s
+                    d.message.body = render(d.message, settings.public_base_url.rstrip("/"), retention_s)
                 delivery_id, url = d.id, d.endpoint.url
                 msg_id, body = d.message.webhook_id, d.message.body or ""
                 secrets = signing_secrets(s, tenant_id)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -13,9 +11,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.support.procs import ROOT, free_port, wait_for, worker_env
-
-CONFIG = str(ROOT / "ops/gunicorn.conf.py")
+from tests.support.procs import gunicorn_web
 
 
 def _problem(raw: bytes) -> tuple[int, dict]:
@@ -28,26 +24,8 @@ def _problem(raw: bytes) -> tuple[int, dict]:
 @pytest.fixture
 def web(settings, sessions, tmp_path) -> Iterator[str]:
     """gunicorn with the production config and one worker process (the smallest deployment)."""
-    port = free_port()
-    env = worker_env(settings, HOST="127.0.0.1", PORT=port, WEB_CONCURRENCY=1, GENQUEUE_WEB_BODY_TIMEOUT_S=3)
-    log = (tmp_path / "gunicorn.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "gunicorn", "-c", CONFIG, "app:create_app()"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        assert proc.poll() is None, (tmp_path / "gunicorn.log").read_text()
-        try:
-            return httpx.get(f"{base}/v1/health", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_for(up, 60, what="gunicorn")
-    yield base
-    proc.terminate()
-    proc.wait(30)
+    with gunicorn_web(settings, tmp_path / "gunicorn.log", GENQUEUE_WEB_BODY_TIMEOUT_S=3) as base:
+        yield base
 
 
 def _raw(port: int, data: bytes, timeout: float = 10) -> bytes:

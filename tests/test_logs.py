@@ -23,7 +23,7 @@ from models.db import read_only
 from models.job import Job
 from tasks.contract.names import stage_task_id
 from tests.support.api import assert_problem, submit, wait_finished
-from tests.support.procs import ROOT, Worker, free_port, wait_for, worker_env
+from tests.support.procs import ROOT, Worker, gunicorn_web, wait_for, worker_env
 
 GENERATED = re.compile(r"[0-9a-f]{32}")
 CELERY_OWN_WRITES = (
@@ -136,30 +136,10 @@ def test_a_worker_logs_each_task_with_its_job_stage_and_task_id(client, worker, 
 @pytest.fixture
 def gunicorn(settings, sessions, broker, tmp_path) -> Iterator[tuple[str, Any]]:
     """The production web server, JSON logs and the access log on; (base URL, log path)."""
-    port = free_port()
-    env = worker_env(
-        settings, HOST="127.0.0.1", PORT=port, WEB_CONCURRENCY=1, GENQUEUE_LOG_FORMAT="json",
-        GUNICORN_ACCESS_LOG="-", GENQUEUE_WEB_BODY_TIMEOUT_S=1,
-    )  # fmt: skip
     path = tmp_path / "gunicorn.log"
-    with path.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "ops/gunicorn.conf.py"), "app:create_app()"],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        assert proc.poll() is None, path.read_text()
-        try:
-            return httpx.get(f"{base}/v1/health", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_for(up, 60, what="gunicorn")
-    yield base, path
-    proc.terminate()
-    proc.wait(30)
+    env = {"GENQUEUE_LOG_FORMAT": "json", "GUNICORN_ACCESS_LOG": "-", "GENQUEUE_WEB_BODY_TIMEOUT_S": 1}
+    with gunicorn_web(settings, path, **env) as base:
+        yield base, path
 
 
 def test_gunicorn_logs_json_and_keeps_concurrent_requests_apart(gunicorn, api_key: str) -> None:

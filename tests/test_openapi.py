@@ -20,12 +20,11 @@ from openapi_spec_validator import validate
 from pydantic import ValidationError
 
 from app import api_docs, openapi_rules
-from app.openapi_models import Job, JobList
 from app.schemas import TextJobCreate, VideoJobCreate, parse_job
 from models import Job as JobRow
 from models import JobStatus, ssrf
 from models.db import transaction
-from models.resource import job_resource
+from models.resource import Job, JobList, job_resource
 from models.settings import Settings
 
 

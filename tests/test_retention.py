@@ -153,13 +153,18 @@ def test_delete_a_finished_job_twice_and_across_tenants(
     assert_problem(client.delete(f"/v1/jobs/{uuid.uuid4()}"), 404)
 
 
-def test_a_deleted_job_is_never_a_cache_hit(client, worker) -> None:
+@pytest.mark.parametrize("how", ["delete", "expire"])
+def test_a_deleted_or_expired_job_is_never_a_cache_hit(how, client, settings, sessions, worker) -> None:
     first = wait_finished(client, _submit(client, prompt="a cached heron", modality="text"))
     hit = client.post(
         "/v1/jobs", json={"prompt": "a cached heron", "modality": "text", "params": {"seed": 5}}
     )
     assert hit.get_json()["cached"] is True
-    assert client.delete(f"/v1/jobs/{first['id']}").status_code == 204
+    if how == "delete":
+        assert client.delete(f"/v1/jobs/{first['id']}").status_code == 204
+    else:
+        _expire(sessions, first["id"])
+        assert retention_task.expire(_runtime(settings, sessions)) == 1
     again = client.post(
         "/v1/jobs", json={"prompt": "a cached heron", "modality": "text", "params": {"seed": 5}}
     )
@@ -183,3 +188,72 @@ def test_delete_a_running_job_cancels_and_compensates(
     assert job.prompt == "" and job.output_text is None
     assert files(Path(settings.artifact_dir), uuid.UUID(jid)) == []
     assert client.delete(f"/v1/jobs/{jid}").status_code == 204
+
+
+def _completed(body: dict[str, Any]) -> datetime:
+    return datetime.fromisoformat(body["timings"]["completed_at"].replace("Z", "+00:00"))
+
+
+def _at(iso: str) -> datetime:
+    return datetime.fromisoformat(iso.replace("Z", "+00:00"))
+
+
+def test_a_plans_retention_sets_expires_at_and_what_the_retention_task_removes(
+    client, tenant_client, settings, sessions, worker
+) -> None:
+    short = tenant_client("acme-short", retention_s=600)
+    forever = tenant_client("acme-forever", retention_s=0)
+    default_id = wait_finished(client, _submit(client, prompt="a kite, default", modality="text"))["id"]
+    short_job = wait_finished(short, _submit(short, prompt="a kite, short", modality="text"))
+    forever_job = wait_finished(forever, _submit(forever, prompt="a kite, forever", modality="text"))
+    assert _at(short_job["expires_at"]) == _completed(short_job) + timedelta(seconds=600)
+    assert forever_job["expires_at"] is None  # the plan keeps them forever
+    default_job = client.get(f"/v1/jobs/{default_id}").get_json()
+    assert _at(default_job["expires_at"]) == _completed(default_job) + timedelta(seconds=settings.retention_s)
+
+    _expire(sessions, short_job["id"], retention_s=600)  # past the short plan's retention only
+    rt = _runtime(settings, sessions)
+    assert retention_task.expire(rt) == 1
+    assert short.get(f"/v1/jobs/{short_job['id']}").get_json()["data_removed"] is True
+    assert client.get(f"/v1/jobs/{default_id}").get_json()["data_removed"] is False
+
+    _expire(sessions, default_id, forever_job["id"])  # past the default retention
+    assert retention_task.expire(rt) == 1
+    assert client.get(f"/v1/jobs/{default_id}").get_json()["data_removed"] is True
+    assert forever.get(f"/v1/jobs/{forever_job['id']}").get_json()["data_removed"] is False
+    # A default of 0 keeps the default plan's jobs forever, not the jobs of a plan with its own.
+    again = wait_finished(short, _submit(short, prompt="a kite, short again", modality="text"))
+    _expire(sessions, again["id"], retention_s=600)
+    assert retention_task.expire(_runtime(settings, sessions, retention_s=0)) == 1
+
+
+def test_a_plans_link_lifetime_bounds_the_signed_links(make_app, sessions, worker) -> None:
+    from tests.support.api import authed_client_class, make_api_key
+
+    app = make_app(media_url_keys=SecretStr("plan-ttl-media-key"))
+    short = authed_client_class(make_api_key(sessions, "acme-links", media_url_ttl_s=120))(
+        app, app.response_class, True
+    )
+    anon = FlaskClient(app, app.response_class)
+    for who, ttl in ((app.test_client(), 3600), (short, 120)):
+        done = wait_finished(who, _submit(who, prompt=f"a link for {ttl}", modality="text"))
+        left = (_at(done["outputs"]["signed_urls_expire_at"]) - utcnow()).total_seconds()
+        assert ttl - min(300, ttl // 10) - 5 <= left <= ttl  # the plan's lifetime, less its step
+        assert anon.get(_local(done["outputs"]["text_signed_url"])).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("limit", "value", "message"),
+    [
+        ("media_url_ttl_s", 30, "media_url_ttl_s must be 60 to 604800"),
+        ("media_url_ttl_s", 8 * DAY, "media_url_ttl_s must be 60 to 604800"),
+        ("retention_s", -1, "retention_s must be a non-negative integer"),
+    ],
+)
+def test_plan_lifetimes_outside_the_settings_bounds_are_refused(limit: str, value: int, message: str) -> None:
+    from models.plans import check_overrides
+
+    with pytest.raises(ValueError, match=message):
+        check_overrides({limit: value})
+    fine = {"retention_s": 60, "media_url_ttl_s": 60}
+    assert check_overrides(fine) == fine

@@ -207,6 +207,14 @@ def test_cli_sets_a_plan(cli, sessions):
     assert cli("tenants", "plan", "nobody").exit_code == 1
 
 
+def test_the_cli_sets_a_plans_lifetimes_within_bounds(cli, sessions) -> None:
+    shown = cli("tenants", "plan", "acme-cli", "--retention-s", "3600", "--media-url-ttl-s", "600")
+    assert shown.exit_code == 0, shown.output
+    assert '"retention_s": 3600' in shown.stdout and '"media_url_ttl_s": 600' in shown.stdout
+    bad = cli("tenants", "plan", "acme-cli", "--media-url-ttl-s", "30")
+    assert bad.exit_code == 2 and "media_url_ttl_s must be 60 to 604800" in bad.output
+
+
 # --- migration -----------------------------------------------------------------------------------
 
 

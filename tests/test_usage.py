@@ -20,10 +20,10 @@ from click.testing import CliRunner
 from sqlalchemy import select, update
 
 from app.cli import main
-from app.openapi_models import Usage
 from models import Job
 from models.db import transaction
 from models.tenant import DEFAULT_TENANT_ID, DEFAULT_TENANT_NAME
+from models.usage import Usage
 from tasks.batching import Meter, MicroBatcher
 from tasks.contract.publish import publish_job
 from tests.support.api import wait_finished

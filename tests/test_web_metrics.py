@@ -23,8 +23,9 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support import procs
 from tests.support.api import make_api_key
-from tests.support.procs import ROOT, free_port, wait_for, worker_env
+from tests.support.procs import ROOT, wait_for
 
 CONFIG = str(ROOT / "ops/gunicorn.conf.py")
 PROBE = "/v1/jobs"  # unauthenticated: a 401 problem, no database; nothing else sends it
@@ -99,37 +100,20 @@ class Web:
 
 
 @contextmanager
-def gunicorn(settings, tmp_path: Path, workers: int = 2, **env: str) -> Iterator[Web]:
-    port = free_port()
+def gunicorn(settings, tmp_path: Path, workers: int = 2, **given: str) -> Iterator[Web]:
     tmp = tmp_path / "tmp"  # where the master makes its private metrics directory
     tmp.mkdir(exist_ok=True)
-    log = tmp_path / "gunicorn.log"
-    penv = worker_env(
-        settings, HOST="127.0.0.1", PORT=port, WEB_CONCURRENCY=workers, TMPDIR=tmp, GUNICORN_ACCESS_LOG="1"
-    )
-    penv.pop("PROMETHEUS_MULTIPROC_DIR", None)
-    penv |= env
-    cmd = [sys.executable, "-m", "gunicorn", "-c", CONFIG, "--access-logformat", "%(p)s %(U)s"]
-    cmd.append("app:create_app()")
-    with log.open("wb") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=penv, stdout=out, stderr=subprocess.STDOUT)
-    web = Web(proc, f"http://127.0.0.1:{port}", log)
-
-    def up() -> bool:
-        assert proc.poll() is None, log.read_text()
-        if log.read_text().count("Booting worker") < workers:
-            return False
-        try:
-            return httpx.get(web.base + "/v1/health", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    try:
-        wait_for(up, 60, what="gunicorn")
-        yield web
-    finally:
-        proc.terminate()
-        proc.wait(30)
+    # The master makes its own private metrics directory unless the caller gives one.
+    env: dict[str, str | None] = {
+        "TMPDIR": str(tmp),
+        "GUNICORN_ACCESS_LOG": "1",
+        "GENQUEUE_LOG_FORMAT": "json",  # the access lines are read as JSON (pids_served)
+        "PROMETHEUS_MULTIPROC_DIR": None,
+    }
+    env |= given
+    args = ("--access-logformat", "%(p)s %(U)s")
+    with procs.gunicorn(settings, tmp_path / "gunicorn.log", *args, workers=workers, **env) as server:
+        yield Web(server.proc, server.base, server.log)
 
 
 def private_dirs(tmp_path: Path) -> list[Path]:

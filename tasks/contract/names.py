@@ -22,14 +22,25 @@ REAP_STUCK_JOBS = "genqueue.reap_stuck_jobs"
 EXPIRE_ARTIFACTS = "genqueue.expire_artifacts"
 
 
-# A finished video job's files, inside its folder under the artifact directory: workers write
-# them (tasks.artifacts), the API serves them (app.jobs).
+# A finished video job's files, inside its folder in the artifact storage (models.storage): workers
+# write them (tasks.artifacts), the API serves them (app.downloads). The keys are deterministic, so
+# a redelivered stage rewrites the same objects instead of adding copies.
 VIDEO_NAME = "video.mp4"
 THUMBNAIL_NAME = "thumbnail.jpg"
 
 
+def job_prefix(job_id: uuid.UUID | str) -> str:
+    """The storage key prefix of everything a job wrote."""
+    return f"{job_id}/"
+
+
+def artifact_key(job_id: uuid.UUID | str, name: str) -> str:
+    """The storage key of one of a job's files (what `Job.artifact_path` holds for its video)."""
+    return f"{job_prefix(job_id)}{name}"
+
+
 def job_dir(root: Path, job_id: uuid.UUID | str) -> Path:
-    """A job's folder under the artifact directory."""
+    """A job's folder under the artifact directory (the local backend's layout)."""
     return Path(root) / str(job_id)
 
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from tasks.generators.base import (
     CancelCheck,
     Canceled,
@@ -284,3 +286,39 @@ class SwappedText(TaggedText):
     ) -> list[TextResult]:
         results = super().run_batch(requests, should_cancel, on_step)
         return [dataclasses.replace(r, text=r.text.replace("Tagged:", "Swapped:", 1)) for r in results]
+
+
+class NoisyVideo(EchoVideoGenerator):
+    """Random-noise frames: incompressible, so a 128x128 frame costs ~30 KB of MP4 and a short
+    clip spans several parts of a (test-sized) multipart upload."""
+
+    def run_batch(
+        self,
+        requests: Sequence[VideoRequest],
+        on_step: StepCallback | None = None,
+        should_cancel: CancelCheck | None = None,
+    ) -> list[VideoResult]:
+        results = super().run_batch(requests, on_step, should_cancel)
+        for req, result in zip(requests, results, strict=True):
+            rng = np.random.default_rng(req.seed)
+            result.frames[...] = rng.integers(0, 256, result.frames.shape, dtype=np.uint8)
+        return results
+
+
+class UploadPausingVideo(NoisyVideo):
+    """With GENQUEUE_TEST_PAUSE_DIR set, its process stops dead once per job right after the
+    first part of the video's multipart upload (`<dir>/<job id>.uploading` holds its pid): the
+    upload is half sent, no object exists yet. For the S3 kill test."""
+
+    def load(self) -> None:
+        folder = os.environ.get("GENQUEUE_TEST_PAUSE_DIR")
+        if not folder or getattr(UploadPausingVideo, "_installed", False):
+            return
+        from models.storage import s3
+
+        def after_part(key: str, number: int) -> None:
+            if number == 1 and key.endswith("/video.mp4"):
+                _pause(Path(folder), key.split("/")[-2], "uploading")
+
+        s3.on_part(after_part)
+        UploadPausingVideo._installed = True  # type: ignore[attr-defined]

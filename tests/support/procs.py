@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,21 +62,48 @@ def worker_env(settings: Settings, **extra: Any) -> dict[str, str]:
     return env
 
 
+@dataclass
+class Gunicorn:
+    """A running gunicorn master: its base URL, process and log file."""
+
+    base: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+
 @contextmanager
-def gunicorn_web(settings: Settings, log: Path, **env: Any) -> Iterator[str]:
-    """The production web server (ops/gunicorn.conf.py, one worker) on a free port; its base URL."""
+def gunicorn(settings: Settings, log: Path, *args: str, workers: int = 1, **env: Any) -> Iterator[Gunicorn]:
+    """The production web server (ops/gunicorn.conf.py) on a free port, up once every worker booted.
+
+    `args` go to gunicorn's command line; `env` overrides the environment (None: unset)."""
     import httpx
 
     port = free_port()
-    penv = worker_env(settings, HOST="127.0.0.1", PORT=port, WEB_CONCURRENCY=1, GENQUEUE_LOG_FORMAT="text")
-    penv |= {k: str(v) for k, v in env.items()}
-    cmd = [sys.executable, "-m", "gunicorn", "-c", str(ROOT / "ops/gunicorn.conf.py"), "app:create_app()"]
+    penv = worker_env(
+        settings, HOST="127.0.0.1", PORT=port, WEB_CONCURRENCY=workers, GENQUEUE_LOG_FORMAT="text"
+    )
+    for key, value in env.items():
+        if value is None:
+            penv.pop(key, None)
+        else:
+            penv[key] = str(value)
+    cmd = [
+        sys.executable,
+        "-m",
+        "gunicorn",
+        "-c",
+        str(ROOT / "ops/gunicorn.conf.py"),
+        *args,
+        "app:create_app()",
+    ]
     with log.open("wb") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=penv, stdout=out, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
 
     def up() -> bool:
         assert proc.poll() is None, log.read_text()
+        if workers > 1 and log.read_text().count("Booting worker") < workers:
+            return False
         try:
             return httpx.get(f"{base}/v1/health", timeout=1).status_code == 200
         except httpx.HTTPError:
@@ -83,10 +111,17 @@ def gunicorn_web(settings: Settings, log: Path, **env: Any) -> Iterator[str]:
 
     try:
         wait_for(up, 60, what="gunicorn")
-        yield base
+        yield Gunicorn(base, proc, log)
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+@contextmanager
+def gunicorn_web(settings: Settings, log: Path, *args: str, **env: Any) -> Iterator[str]:
+    """gunicorn (above) with one worker unless `workers=` says otherwise; its base URL."""
+    with gunicorn(settings, log, *args, **env) as server:
+        yield server.base
 
 
 class Worker:
@@ -238,6 +273,58 @@ class RedisServer:
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()  # SIGTERM: redis flushes the append-only file and exits
+            self.proc.wait(timeout=30)
+
+
+class MotoServer:
+    """moto's S3 API server (`python -m moto.server`) on a free port: a real S3 endpoint over HTTP.
+
+    S3_UPLOAD_PART_MIN_SIZE is lowered so a test's multipart upload needs a few hundred KiB,
+    not AWS's 5 MiB a part.
+    """
+
+    REGION = "us-east-1"
+    KEY_ID, SECRET = "genqueue-test-key", "genqueue-test-secret"
+
+    def __init__(self, log: Path, part_min_size: int = 64 << 10) -> None:
+        self.port = free_port()
+        self.log, self.part_min_size = Path(log), part_min_size
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def client(self) -> Any:
+        import boto3
+
+        return boto3.session.Session().client(
+            "s3", endpoint_url=self.url, region_name=self.REGION,
+            aws_access_key_id=self.KEY_ID, aws_secret_access_key=self.SECRET,
+        )  # fmt: skip
+
+    def start(self) -> MotoServer:
+        env = {**os.environ, "S3_UPLOAD_PART_MIN_SIZE": str(self.part_min_size)}
+        cmd = [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)]
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+        def up() -> bool:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(f"moto.server exited: {self.log.read_text(errors='replace')[-2000:]}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                    return True
+            except OSError:
+                return False
+
+        wait_for(up, 60, 0.1, "moto.server to start")
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
             self.proc.wait(timeout=30)
 
 

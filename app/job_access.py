@@ -1,0 +1,83 @@
+"""What the job endpoints (app.jobs, app.job_control, app.webhooks) share: the caller's job by id,
+its resource as this API answers it (queue position, links), and the per-process queue counts and
+published marks."""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from typing import Any
+
+from flask import current_app
+from sqlalchemy import Select, bindparam, select
+from sqlalchemy.orm import Session
+
+from app import media
+from app.auth import current_principal, tenant_id
+from app.errors import NotFound
+from app.published import PublishedMarks
+from app.queue import QueueCounts
+from app.services import extension, services
+from models import Job
+from models.plans import Plan
+from models.resource import Job as JobResource
+from models.resource import job_model
+
+
+def _job_id(raw: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(raw)
+    except ValueError:
+        raise NotFound(f"No job with id {raw!r}.") from None
+
+
+@functools.cache
+def _by_id() -> Select[Job]:
+    # Built once (its cache key memoized with it): the hot path only binds the two values.
+    return select(Job).where(Job.id == bindparam("id"), Job.tenant_id == bindparam("tenant"))
+
+
+def load_job(session: Session, raw_id: str) -> Job:
+    """The caller's job; another tenant's is as absent as a missing one (404, never 403)."""
+    job = session.scalar(_by_id(), {"id": _job_id(raw_id), "tenant": tenant_id()})
+    if job is None:
+        raise NotFound(f"No job with id {raw_id!r}.")
+    return job
+
+
+def queue_counts() -> QueueCounts:
+    ext = current_app.extensions
+    if "genqueue.queue" not in ext:
+        ext["genqueue.queue"] = QueueCounts(services().settings.queue_position_ttl_s)
+    return extension("genqueue.queue", QueueCounts)
+
+
+def published_marks() -> PublishedMarks:
+    ext = current_app.extensions
+    if "genqueue.published" not in ext:
+        ext["genqueue.published"] = PublishedMarks(services().sessions)
+    return extension("genqueue.published", PublishedMarks)
+
+
+def queue_positions(session: Session, jobs: list[Job]) -> dict[uuid.UUID, int]:
+    """Approximate 1-based place of each queued job in the order workers take them (app.queue)."""
+    return queue_counts().positions(session, jobs)
+
+
+def model_of(job: Job, position: int | None) -> JobResource:
+    """The job resource as this API answers it: its links, signed ones included, both lifetimes
+    (expires_at, the signed links') from the caller's plan, whose jobs they are."""
+    settings = services().settings
+    plan = Plan.effective(settings, current_principal().plan_overrides)
+    base = settings.public_base_url.rstrip("/")
+    signer, signed_base = media.signer(plan.media_url_ttl_s), media.signed_base_url()
+    return job_model(job, base, position, signer, signed_base, plan.retention_s)
+
+
+def resource_of(job: Job, position: int | None) -> dict[str, Any]:
+    return model_of(job, position).public()
+
+
+def current_resource(session: Session, job: Job) -> dict[str, Any]:
+    """The job's resource with its queue position now."""
+    return resource_of(job, queue_positions(session, [job]).get(job.id))

@@ -1,0 +1,60 @@
+"""Genqueue's Python client: `Client` (blocking) and `AsyncClient` over httpx, typed errors,
+and webhook verification. It imports nothing of the server: httpx and standardwebhooks only."""
+
+from genqueue_client.async_client import AsyncClient
+from genqueue_client.client import Client
+from genqueue_client.errors import (
+    APIError,
+    BadRequest,
+    ClientError,
+    Conflict,
+    Forbidden,
+    GenqueueError,
+    Gone,
+    InvalidLink,
+    NotFound,
+    Overloaded,
+    PayloadTooLarge,
+    PlanLimitExceeded,
+    QuotaExceeded,
+    RateLimited,
+    ServerError,
+    ServiceUnavailable,
+    TransportError,
+    Unauthorized,
+    UnsupportedMediaType,
+    ValidationFailed,
+    WaitTimeout,
+)
+from genqueue_client.models import Event, Job
+from genqueue_client.webhooks import InvalidSignature, verify_webhook
+
+__all__ = [
+    "APIError",
+    "AsyncClient",
+    "BadRequest",
+    "Client",
+    "ClientError",
+    "Conflict",
+    "Event",
+    "Forbidden",
+    "GenqueueError",
+    "Gone",
+    "InvalidLink",
+    "InvalidSignature",
+    "Job",
+    "NotFound",
+    "Overloaded",
+    "PayloadTooLarge",
+    "PlanLimitExceeded",
+    "QuotaExceeded",
+    "RateLimited",
+    "ServerError",
+    "ServiceUnavailable",
+    "TransportError",
+    "Unauthorized",
+    "UnsupportedMediaType",
+    "ValidationFailed",
+    "WaitTimeout",
+    "verify_webhook",
+]
