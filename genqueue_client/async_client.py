@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import builtins
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
@@ -104,7 +105,7 @@ class AsyncClient:
     async def delete(self, job_id: str) -> None:
         await self._run(self.core.delete(job_id))
 
-    async def models(self) -> list[Model]:
+    async def models(self) -> builtins.list[Model]:  # `list` here is the method
         """GET /v1/models: the models a job may name (`model=`), with the caller's plan's say."""
         return await self._run(self.core.models())
 

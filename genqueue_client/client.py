@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -103,7 +104,7 @@ class Client:
     def delete(self, job_id: str) -> None:
         self._run(self.core.delete(job_id))
 
-    def models(self) -> list[Model]:
+    def models(self) -> builtins.list[Model]:  # `list` here is the method
         """GET /v1/models: the models a job may name (`model=`), with the caller's plan's say."""
         return self._run(self.core.models())
 
