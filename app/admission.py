@@ -24,7 +24,7 @@ from flask import Flask
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.errors import Overloaded, PlanLimitExceeded, QuotaExceeded
+from app.errors import Overloaded, PlanLimitExceeded, QuotaExceeded, Reason
 from app.quota import ActiveJobs
 from app.services import extension
 from models import Job, JobStatus
@@ -39,12 +39,20 @@ RETRY_MIN_S, RETRY_MAX_S, RETRY_UNKNOWN_S = 1, 300, 30
 QUOTA_RETRY_S = 5
 
 
+BACKLOG_REASONS: dict[str, Reason] = {
+    "text": "text_backlog",
+    "video": "video_backlog",
+    "image": "image_backlog",
+}
+
+
 @dataclass(frozen=True)
 class Backlog:
     text: int
     video: int
     active: int
     finished_per_s: float | None  # None: not measured (no wait bound configured)
+    image: int = 0
 
     def wait_s(self) -> float | None:
         if not self.finished_per_s:
@@ -87,6 +95,7 @@ class Admission:
         return Backlog(
             text=sum(n for _, st, n in rows if st == JobStatus.QUEUED),
             video=sum(n for mod, _, n in rows if mod == "video"),
+            image=sum(n for mod, _, n in rows if mod == "image"),
             active=sum(n for _, _, n in rows),
             finished_per_s=rate,
         )
@@ -101,13 +110,15 @@ class Admission:
         bounds = [("text", b.text, s.admission_max_text_backlog)]
         if modality == "video":
             bounds.append(("video", b.video, s.admission_max_video_backlog))
+        elif modality == "image":
+            bounds.append(("image", b.image, s.admission_max_image_backlog))
         for stage, size, bound in bounds:
             if size >= bound:
                 raise Overloaded(
                     f"The {stage} stage is overloaded ({size} jobs waiting); retry later.",
                     retry_after=self._retry_after(size - bound + 1, b),
                     extra={"stage": stage},
-                    reason="text_backlog" if stage == "text" else "video_backlog",
+                    reason=BACKLOG_REASONS[stage],
                 )
         wait = b.wait_s()
         if s.admission_max_wait_s > 0 and wait is not None and wait > s.admission_max_wait_s:

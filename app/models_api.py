@@ -30,7 +30,7 @@ class ModelInfo(Resource):
 
     object: Literal["model"]
     id: str = Field(description="What a job's `model` names.")
-    stage: str = Field(description="The pipeline stage it runs (`text`, `video`).")
+    stage: str = Field(description="The pipeline stage it runs (`text`, `video`, `image`).")
     modalities: list[str] = Field(description="The job modalities that run this stage.")
     default: bool = Field(description="The stage's model when a job names none.")
     source: Literal["builtin", "directory", "adapter"] = Field(

@@ -57,10 +57,12 @@ def model_versions(settings: Settings, modality: str, models: Mapping[str, str |
     """Everything about the models a job of this modality runs through that can change its output.
 
     `models`: stage -> the model id the job runs there (models.catalog; None: the default), for
-    every stage of its pipeline; omitted, the configured models of text (and video) jobs.
+    every stage of its pipeline; omitted, the configured models of its pipeline (text, and video
+    or image).
     """
     if models is None:
-        models = {"text": None} | ({"video": None} if modality == Modality.VIDEO else {})
+        render = {Modality.VIDEO: "video", Modality.IMAGE: "image"}.get(Modality(modality))
+        models = {"text": None} | ({render: None} if render else {})
     parts = []
     for stage in sorted(models):
         spec = catalog.spec_of(settings, stage, models[stage])
@@ -134,7 +136,7 @@ def find_source(
     for job in session.scalars(stmt):
         if (
             job.status == JobStatus.SUCCEEDED
-            and job.modality == Modality.VIDEO
+            and job.modality in (Modality.VIDEO, Modality.IMAGE)
             and not _present(job, storage)
         ):
             continue  # artifacts expire or get removed: a result whose object is gone is not a hit
@@ -143,7 +145,7 @@ def find_source(
 
 
 def _present(job: Job, storage: Storage | None) -> bool:
-    """The source's video object still exists (one stat: a HEAD request on S3)."""
+    """The source's main object (its video, its first PNG) still exists (one stat: a HEAD on S3)."""
     if not job.artifact_path:
         return False
     return storage is None or storage.exists(job.artifact_path)

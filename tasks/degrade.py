@@ -1,16 +1,30 @@
-"""Degraded retries of the video stage: fewer steps, a smaller size or a fallback model, once."""
+"""Degraded retries of a render stage (video, image): fewer steps, a smaller size or another model, once."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, TypeVar
 
 from models import Job, Stage
 from models.settings import Settings
 from tasks import job_models
-from tasks.generators.base import VideoRequest
+from tasks.generators.base import ImageRequest, VideoRequest
 from tasks.generators.registry import side_multiple
+
+RenderRequest = TypeVar("RenderRequest", VideoRequest, ImageRequest)
+
+
+def stage_of(request: VideoRequest | ImageRequest) -> Stage:
+    """The render stage a request belongs to."""
+    return Stage.IMAGE if isinstance(request, ImageRequest) else Stage.VIDEO
+
+
+def _models(job: Job, settings: Settings, stage: Stage) -> tuple[str, str]:
+    """(the model id the stage runs for this job, the one its degraded retry runs on)."""
+    model = job_models.to_run(job, stage, settings)
+    fallback = settings.degraded_image_model if stage == Stage.IMAGE else settings.degraded_video_model
+    return model, fallback or model
 
 
 def _side(value: int, factor: float, multiple: int) -> int:
@@ -18,15 +32,17 @@ def _side(value: int, factor: float, multiple: int) -> int:
     return max(multiple, int(value * factor) // multiple * multiple)
 
 
-def plan(job: Job, request: VideoRequest, settings: Settings, reason: str) -> dict[str, Any] | None:
+def plan(
+    job: Job, request: VideoRequest | ImageRequest, settings: Settings, reason: str
+) -> dict[str, Any] | None:
     """The record of a degraded retry, or None when the job does not allow one (or had it)."""
     if not (job.params or {}).get("allow_degraded") or job.degraded:
         return None
+    stage = stage_of(request)
+    current, model = _models(job, settings, stage)
     before = {"width": request.width, "height": request.height, "steps": request.steps}
-    current = job_models.to_run(job, Stage.VIDEO, settings)
-    model = settings.degraded_video_model or current
     # The retry's size must suit the model that will run it.
-    multiple = side_multiple(job_models.spec(settings, Stage.VIDEO, model))
+    multiple = side_multiple(job_models.spec(settings, stage, model), stage)
     after = {
         "width": _side(request.width, settings.degrade_size_factor, multiple),
         "height": _side(request.height, settings.degrade_size_factor, multiple),
@@ -34,17 +50,13 @@ def plan(job: Job, request: VideoRequest, settings: Settings, reason: str) -> di
     }
     if after == before and model == current:
         return None  # nothing cheaper to try
-    return {
-        "reason": reason,
-        "from": {**before, "model": current},
-        "to": {**after, "model": model},
-    }
+    return {"reason": reason, "from": {**before, "model": current}, "to": {**after, "model": model}}
 
 
-def apply(job: Job, request: VideoRequest, settings: Settings) -> tuple[VideoRequest, str]:
+def apply(job: Job, request: RenderRequest, settings: Settings) -> tuple[RenderRequest, str]:
     """The request and model id to run: the degraded ones when the job recorded a degradation."""
+    current, _ = _models(job, settings, stage_of(request))
     record = job.degraded
-    current = job_models.to_run(job, Stage.VIDEO, settings)
     if not record:
         return request, current
     to = record["to"]

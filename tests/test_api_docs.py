@@ -56,7 +56,7 @@ def test_examples_match_their_schemas(client) -> None:
     assert checked > 20
     post = spec["paths"]["/v1/jobs"]["post"]
     examples = post["requestBody"]["content"]["application/json"]["examples"]
-    assert set(examples) == {"video", "video_model", "text"}
+    assert set(examples) == {"video", "video_model", "image", "text"}
     assert "examples" in post["responses"]["422"]["content"]["application/problem+json"]
 
 

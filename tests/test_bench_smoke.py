@@ -17,6 +17,7 @@ SCRIPTS = {
     "pipeline": ["--jobs", "5", "--warmup", "1"],
     "memory": ["--requests", "100", "--warmup-requests", "20", "--connections", "8", "--jobs", "5",
                "--warmup-jobs", "1"],
+    "image": ["--rounds", "1", "--requests", "2"],
     "sse": ["--streams", "20", "--jobs", "4", "--duration", "1", "--warmup", "0.5", "--concurrency", "4"],
 }
 # (metric, whether its ratio must be a positive number: a memory growth baseline may be 0 -> nan)
@@ -25,6 +26,7 @@ EXPECTED = {
     "pipeline": [("jobs/s (text->video)", True)],
     "memory": [("web RSS growth/1k req", False), ("worker RSS growth/1k jobs", False)],
     "sse": [("submit p99", True), ("streams open", True)],
+    "image": [("request s (default job)", True), ("images/s (batched)", True)],
 }
 RATIO = re.compile(r" ratio (-?\d+\.\d+|nan)x")
 

@@ -10,6 +10,7 @@ from unittest.mock import ANY
 
 import av
 import httpx
+from PIL import Image
 
 import genqueue_client as gq
 from tests.support.client import genqueue, spawn
@@ -45,6 +46,16 @@ def test_run_names_its_models(web, api_key, module_worker) -> None:
     unknown = genqueue(web, api_key, "run", "a fox", "--model", "video=nope")
     assert unknown.returncode == 4 and "model.video" in unknown.stderr
     assert genqueue(web, api_key, "run", "a fox", "--model", "echo", "--model", "text=echo").returncode == 2
+
+
+def test_run_writes_an_image_jobs_first_png(web, api_key, module_worker, tmp_path) -> None:
+    out = tmp_path / "boat.png"
+    sizes = ["--param", "width=64", "--param", "height=96", "--param", "num_images=2", "--param", "steps=2"]
+    done = genqueue(web, api_key, "run", "a boat at dawn", "--modality", "image", *sizes, "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "stage image" in done.stderr and f"wrote {out}" in done.stderr
+    with Image.open(out) as image:
+        assert (image.format, image.size) == ("PNG", (64, 96))
 
 
 def test_run_exits_1_when_the_job_fails(web, api_key, module_worker) -> None:
