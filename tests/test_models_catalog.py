@@ -51,17 +51,23 @@ def test_models_lists_every_configured_model_with_its_params_version_and_queue(a
     models = _models(api)
     assert set(models) == {
         ("text", "smollm2"), ("text", "echo"), ("text", "tagged"), ("video", "wan-tiny"), ("video", "echo"),
+        ("image", "sana-tiny"), ("image", "echo"),
     }  # fmt: skip
     echo = models[("text", "echo")]
     assert echo["default"] is True and models[("text", "smollm2")]["default"] is False
     assert echo["source"] == "builtin" and models[("text", "tagged")]["source"] == "adapter"
-    assert echo["modalities"] == ["text", "video"] and models[("video", "echo")]["modalities"] == ["video"]
-    assert echo["queue"] != models[("video", "echo")]["queue"]
+    assert echo["modalities"] == ["text", "video", "image"]
+    assert models[("video", "echo")]["modalities"] == ["video"]
+    assert models[("image", "echo")]["modalities"] == ["image"]
+    assert models[("image", "sana-tiny")]["default"] is False
+    queues = {echo["queue"], models[("video", "echo")]["queue"], models[("image", "echo")]["queue"]}
+    assert len(queues) == 3 and models[("image", "echo")]["queue"] == "image"
     assert echo["version"] and echo["allowed"] is True
     # The bounds are the request validation's own (app.schemas).
     assert echo["params"]["properties"]["max_new_tokens"]["maximum"] == 512
     width = models[("video", "wan-tiny")]["params"]["properties"]["width"]
     assert width["type"] == "integer" and width["multipleOf"] == 16 and width["maximum"] == 1024
+    assert "num_images" in models[("image", "sana-tiny")]["params"]["properties"]
 
 
 def test_a_local_directory_model_has_a_fingerprint(make_app, tmp_path, broker) -> None:
@@ -107,6 +113,25 @@ def test_a_job_runs_the_named_model_and_records_what_ran(api, workers, broker) -
     }
 
 
+def test_an_image_job_names_its_models_and_records_what_ran(api, workers, broker) -> None:
+    params = {"width": 64, "height": 64, "steps": 1}
+    resp = submit(api, modality="image", params=params, model={"text": "tagged", "image": "echo"})
+    assert resp.status_code == 202, resp.get_data(as_text=True)
+    job = resp.get_json()
+    assert job["models"]["image"] == {"asked": "echo", "id": None, "version": None}
+    done = wait_finished(api, job["id"])
+    assert done["status"] == "succeeded", done
+    assert done["outputs"]["text"].startswith("Tagged: ") and done["outputs"]["images"]
+    assert done["models"] == {
+        "text": {"asked": "tagged", "id": "tagged", "version": spec_version(TAGGED)},
+        "image": {"asked": "echo", "id": "echo", "version": spec_version("echo")},
+    }
+    # A plain id names the image stage's model (the one that makes the output).
+    plain = submit(api, modality="image", model="echo", params=params | {"seed": 3}).get_json()
+    assert {s: m["asked"] for s, m in plain["models"].items()} == {"text": None, "image": "echo"}
+    assert wait_finished(api, plain["id"])["models"]["image"]["id"] == "echo"
+
+
 @pytest.mark.parametrize(
     ("body", "field", "message"),
     [
@@ -114,6 +139,8 @@ def test_a_job_runs_the_named_model_and_records_what_ran(api, workers, broker) -
         ({"model": {"text": "wan-tiny"}}, "model.text", "unknown text model 'wan-tiny'"),
         ({"model": {"video": "echo"}}, "model.video", "only valid for video jobs"),
         ({"modality": "video", "model": {"video": "nope"}}, "model.video", "unknown video model 'nope'"),
+        ({"modality": "image", "model": "wan-tiny"}, "model", "unknown image model 'wan-tiny'"),
+        ({"modality": "image", "model": {"video": "echo"}}, "model.video", "only valid for video jobs"),
         ({"model": {"audio": "x"}}, "model", "must be a model id, or an object of stage: model id"),
         ({"model": 5}, "model", "must be a model id"),
         ({"model": ""}, "model", "must be a model id"),
@@ -150,6 +177,9 @@ def test_the_cache_key_includes_the_models(settings: Settings) -> None:
     assert cache_key(s, "text", "a fox", params, {"text": "tagged"}) != default
     video = cache_key(s, "video", "a fox", params, {"text": None, "video": None})
     assert cache_key(s, "video", "a fox", params, {"text": "tagged", "video": None}) != video
+    image = cache_key(s, "image", "a fox", params)
+    assert cache_key(s, "image", "a fox", params, {"text": None, "image": "echo"}) == image
+    assert cache_key(s, "image", "a fox", params, {"text": None, "image": "sana-tiny"}) != image
 
 
 def test_identical_jobs_share_a_result_only_with_the_same_model(api, workers, broker) -> None:
