@@ -205,6 +205,21 @@ def test_a_degraded_retry_records_the_model_asked_and_the_one_that_ran(make_app,
     assert done["models"]["video"]["asked"] == "small" and done["models"]["video"]["id"] == "echo"
 
 
+def test_an_image_jobs_named_model_runs_and_a_degraded_retry_records_the_fallback(
+    make_app, settings, broker
+) -> None:
+    small = {"extra_models": "image:small=tests.support.generators:SizeLimitedImage"}
+    api = make_app(**small).test_client()
+    with thread_workers(settings, degraded_image_model="echo", **small):
+        params = {"width": 128, "height": 128, "steps": 4, "allow_degraded": True}
+        job = submit(api, modality="image", model="small", params=params).get_json()
+        done = wait_finished(api, job["id"])
+    assert done["status"] == "succeeded", done
+    # The named model ran (and ran out of memory: only SizeLimitedImage does), then the fallback.
+    assert done["degraded"]["from"]["model"] == "small" and done["degraded"]["to"]["model"] == "echo"
+    assert done["models"]["image"]["asked"] == "small" and done["models"]["image"]["id"] == "echo"
+
+
 def test_the_registry_keeps_a_bounded_number_of_models_per_stage_least_recently_used_out() -> None:
     for name in ("lru-a", "lru-b", "lru-c"):  # names no other test loads
         registry.register("text", name, "tasks.generators.echo:EchoTextGenerator")
