@@ -138,10 +138,11 @@ class Admission:
         prompt: str,
         priority: str,
         params: dict[str, Any],
+        models: dict[str, str] | None = None,
     ) -> None:
         """Raise the error the client gets, or reserve a quota slot for job_id (see release)."""
         plan = Plan.effective(self.settings, who.plan_overrides)
-        violations = plan.violations(prompt, priority, params)
+        violations = plan.violations(prompt, priority, params, models)
         if violations:
             names = ", ".join(v.limit for v in violations)
             raise PlanLimitExceeded(

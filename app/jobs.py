@@ -41,6 +41,9 @@ from app.job_access import (
     resource_of,
 )
 from app.metrics import hold_started
+from app.model_choice import choose as choose_models
+from app.model_choice import resolved as resolved_models
+from app.models_api import model_swaps
 from app.prompt_check import PromptCheck
 from app.schemas import ListQuery, complete_params, field_errors, parse_job
 from app.services import extension, services
@@ -51,6 +54,7 @@ from models.db import autocommit, read_only, transaction
 from models.job import TERMINAL
 from models.media_links import image_count
 from models.resource import job_list
+from models.settings import Settings
 from tasks.contract.publish import publish_job
 from tasks.contract.transient import is_transient
 
@@ -97,9 +101,12 @@ def submit() -> Answer:
     if idem is not None and (prior := idem.prior(svc.sessions)) is not None:
         return _accepted(prior, replayed=True)
     job_id, params = uuid.uuid4(), complete_params(req, svc.settings)
+    catalog = model_swaps().effective(svc.settings)  # the models as configured, hot swaps applied
+    models = choose_models(catalog, req.modality, req.model)  # 422 for an unknown one
     logs.bind(job_id=job_id)
     gate = admission()
-    gate.admit(who, job_id, req.modality, req.prompt, req.priority or "normal", params)  # 403/503/429
+    running = resolved_models(catalog, models)  # the plan limits the defaults too: 403
+    gate.admit(who, job_id, req.modality, req.prompt, req.priority or "normal", params, running)  # 503/429
     now = utcnow()
     job = Job(
         id=job_id,
@@ -108,6 +115,7 @@ def submit() -> Answer:
         modality=req.modality,
         prompt=req.prompt,
         params=params,
+        models={stage: {"asked": model_id} for stage, model_id in models.items()},
         priority=req.priority or "normal",
         meta=req.metadata or {},
         webhook=req.webhook.model_dump(exclude_none=True) if req.webhook else None,
@@ -127,7 +135,7 @@ def submit() -> Answer:
     try:
         with unit(svc.sessions) as s:
             queue.totals(s)  # refreshed at most once per TTL, before this job is counted
-            _insert(s, job, cacheable)
+            _insert(s, job, cacheable, catalog)
             if idem is not None:
                 s.flush()  # the job row before the key row that points at it
                 idem.claim(s, job.id, svc.settings.idempotency_ttl_s)
@@ -163,13 +171,14 @@ def submit() -> Answer:
     return _answer(job, resource_of(job, position))
 
 
-def _insert(s: Session, job: Job, cacheable: bool) -> None:
-    """Add the job, as a cached copy or follower of an identical one when there is one."""
+def _insert(s: Session, job: Job, cacheable: bool, settings: Settings) -> None:
+    """Add the job, as a cached copy or follower of an identical one when there is one; `settings`
+    with the hot swaps in effect (the key covers the versions that will run)."""
     if not cacheable:
         states.insert_new(s, job)
         return
-    settings = services().settings
-    key = cache.cache_key(settings, job.modality, job.prompt, job.params)
+    asked = {stage: m["asked"] for stage, m in (job.models or {}).items()}
+    key = cache.cache_key(settings, job.modality, job.prompt, job.params, asked)
     source = cache.find_source(s, key, services().storage, job.tenant_id)
     if source is None:
         job.cache_key = key
@@ -281,26 +290,25 @@ def content(job_id: str) -> Response:
     svc = services()
     with svc.sessions() as s:
         job = load_job(s, job_id)
-    if job.data_removed_at is not None:
-        raise Gone(f"Job {job_id}'s outputs were removed (expired or deleted).")
+    # The query first, whatever the job's state: a malformed request is a 422 even on a deleted job.
     # An empty `?variant=` is invalid like any other value off the list, not the default.
     variant = request.args.get("variant", DEFAULT_VARIANT.get(job.modality, "text"))
+    errors = []
     if variant not in CONTENT_VARIANTS:
-        raise ValidationFailed(
-            errors=[{"field": "variant", "message": f"must be one of: {', '.join(CONTENT_VARIANTS)}"}]
-        )
+        errors.append({"field": "variant", "message": f"must be one of: {', '.join(CONTENT_VARIANTS)}"})
+    # `index` and `format` choose an image job's file; off the list they are invalid for any variant.
+    image_file, image_errors = image_query(request.args.get("index"), request.args.get("format"))
+    if errors or image_errors:
+        raise ValidationFailed(errors=errors + image_errors)
+    if job.data_removed_at is not None:
+        raise Gone(f"Job {job_id}'s outputs were removed (expired or deleted).")
     if variant == "text":
         if job.output_text is None:
             raise Conflict(
                 f"The job is {job.status}; its text is not ready.", extra={"job_status": job.status}
             )
         return _conditional(Response(job.output_text, mimetype="text/plain"))
-    if variant == "image":
-        file_variant, errors = image_query(request.args.get("index"), request.args.get("format"))
-        if file_variant is None:
-            raise ValidationFailed(errors=errors)
-    else:
-        file_variant = variant
+    file_variant = image_file if variant == "image" and image_file is not None else variant
     if not has_variant(job.modality, file_variant):
         raise NotFound(f"{'An' if job.modality == 'image' else 'A'} {job.modality} job has no {variant}.")
     if job.status != JobStatus.SUCCEEDED or not job.artifact_path:

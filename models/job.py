@@ -99,6 +99,10 @@ class Job(Base):
     video_model: Mapped[str | None] = mapped_column(String(255))
     image_gpu_s: Mapped[float | None] = mapped_column(Float)
     image_model: Mapped[str | None] = mapped_column(String(255))
+    # The model of each stage (models.catalog): {stage: {"asked": id}} from the submit (the named
+    # or default one), and once the stage ran {"asked", "id", "version"} of what actually ran
+    # (a degraded retry's fallback differs from the asked). Null on jobs from before this column.
+    models: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     tokens_generated: Mapped[int | None] = mapped_column(Integer)  # the text stage's output tokens
     frames_rendered: Mapped[int | None] = mapped_column(Integer)  # the video stage's output frames
     images_rendered: Mapped[int | None] = mapped_column(Integer)  # the image stage's output images

@@ -83,7 +83,7 @@ WITH_INPUTS = [
     ("GET", "/docs/assets/{name}"),
 ]  # fmt: skip
 WITHOUT_INPUTS = [
-    ("GET", "/v1/health"), ("GET", "/v1/ready"), ("GET", "/docs"), ("GET", "/metrics"),
+    ("GET", "/v1/health"), ("GET", "/v1/ready"), ("GET", "/docs"), ("GET", "/metrics"), ("GET", "/v1/models"),
     ("GET", "/v1/webhooks"), ("GET", "/v1/webhooks/secret"), ("POST", "/v1/webhooks/secret/rotate"),
 ]  # fmt: skip
 # Every check but "schema-valid input is accepted": a valid-looking input may still be refused
@@ -347,7 +347,7 @@ def test_cli_checks_all(live_api, api_key, public_test_hosts, answers, tmp_path,
     result = CliRunner().invoke(schemathesis.cli.schemathesis, args, catch_exceptions=False)
     summary = result.output[result.output.find("=== SUMMARY") :]
     assert result.exit_code == 0, result.output[-20000:]
-    assert "21 selected / 21 total" in result.output and "Tested: 21" in summary, summary
+    assert "22 selected / 22 total" in result.output and "Tested: 22" in summary, summary
     # The success paths were reached, webhook registration included (through the test resolver).
     reached = [
         ("POST /v1/webhooks", 201), ("DELETE /v1/webhooks/{endpoint_id}", 204), ("POST /v1/jobs", 202),
