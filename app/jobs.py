@@ -37,6 +37,7 @@ from app.job_access import (
     published_marks,
     queue_counts,
     queue_positions,
+    read_job,
     resource_of,
 )
 from app.metrics import hold_started
@@ -227,7 +228,7 @@ def _conditional(resp: Response) -> Response:
 @bp.get("/jobs/<job_id>")
 def get_job(job_id: str) -> Response:
     with read_only(services().sessions) as s:
-        resource = current_resource(s, load_job(s, job_id))
+        resource = current_resource(s, read_job(s, job_id))
     return _conditional(jsonify(resource))
 
 
