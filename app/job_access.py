@@ -9,7 +9,7 @@ import uuid
 from typing import Any, cast
 
 from flask import current_app
-from sqlalchemy import Select, bindparam, inspect, select
+from sqlalchemy import Connection, Select, bindparam, inspect, select
 from sqlalchemy.orm import Session
 
 from app import media
@@ -54,12 +54,12 @@ def _resource_row() -> Select[Any]:
     )
 
 
-def read_job(session: Session, raw_id: str) -> Job:
-    """load_job for a read-only answer, without the ORM: a Core row on the session's connection (no
-    entity loading, no identity map). job_model and app.queue read attributes only, which the
-    row has under the same names; it is typed as the Job it stands for."""
+def read_job(conn: Connection, raw_id: str) -> Job:
+    """load_job for a read-only answer, without the ORM: a Core row (no entity loading, no
+    identity map). job_model and app.queue read attributes only, which the row has under the
+    same names; it is typed as the Job it stands for."""
     params = {"id": _job_id(raw_id), "tenant": tenant_id()}
-    row = session.connection().execute(_resource_row(), params).first()
+    row = conn.execute(_resource_row(), params).first()
     if row is None:
         raise NotFound(f"No job with id {raw_id!r}.")
     return cast("Job", row)
@@ -87,7 +87,7 @@ def published_marks() -> PublishedMarks:
     return extension("genqueue.published", PublishedMarks)
 
 
-def queue_positions(session: Session, jobs: list[Job]) -> dict[uuid.UUID, int]:
+def queue_positions(session: Session | Connection, jobs: list[Job]) -> dict[uuid.UUID, int]:
     """Approximate 1-based place of each queued job in the order workers take them (app.queue)."""
     return queue_counts().positions(session, jobs)
 
@@ -106,6 +106,6 @@ def resource_of(job: Job, position: int | None) -> dict[str, Any]:
     return model_of(job, position).public()
 
 
-def current_resource(session: Session, job: Job) -> dict[str, Any]:
+def current_resource(session: Session | Connection, job: Job) -> dict[str, Any]:
     """The job's resource with its queue position now."""
     return resource_of(job, queue_positions(session, [job]).get(job.id))

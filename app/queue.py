@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from sqlalchemy import Select, func, select, text
+from sqlalchemy import Connection, Select, func, select, text
 from sqlalchemy.orm import Session
 
 from models import Job
@@ -83,7 +83,7 @@ class QueueCounts:
         self._lanes: dict[str, Lane] = {}
         self._at = -float("inf")
 
-    def totals(self, session: Session) -> dict[str, Lane]:
+    def totals(self, session: Session | Connection) -> dict[str, Lane]:
         """Each lane's statistics, re-read when the last reading is older than the TTL."""
         with self._lock:
             if time.monotonic() - self._at < self.ttl_s:
@@ -101,7 +101,7 @@ class QueueCounts:
             if lane.last is not None:
                 lane.last += 1  # its number is (about) the next one: no gap at the end
 
-    def positions(self, session: Session, jobs: Sequence[Queued]) -> dict[uuid.UUID, int]:
+    def positions(self, session: Session | Connection, jobs: Sequence[Queued]) -> dict[uuid.UUID, int]:
         """1-based approximate place of each queued, computing job; cached followers have none."""
         queued = [j for j in jobs if j.status == "queued" and not j.cached]
         if not queued:
