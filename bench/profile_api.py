@@ -15,6 +15,8 @@ from pathlib import Path
 from bench.api import JOB, _fill, _seed, servers
 from bench.common import run_load
 
+_OWN = ("(app/", "/app/", "(models/", "/models/")
+
 
 def _top(collapsed: Path, limit: int, own_code: bool) -> list[tuple[float, str]]:
     """Inclusive share of samples per frame (counted once per stack) from py-spy's raw output."""
@@ -24,7 +26,8 @@ def _top(collapsed: Path, limit: int, own_code: bool) -> list[tuple[float, str]]
         stack, _, count = line.rpartition(" ")
         n = int(count)
         samples += n
-        frames = {f for f in stack.split(";") if not own_code or "/app/" in f or "/models/" in f}
+        # py-spy names this checkout's files relative to it ("(app/jobs.py:230)"), others absolute.
+        frames = {f for f in stack.split(";") if not own_code or any(d in f for d in _OWN)}
         for frame in frames:
             totals[frame] += n
     return [(100 * n / samples, frame) for frame, n in totals.most_common(limit)] if samples else []
@@ -56,8 +59,20 @@ def run(args: argparse.Namespace) -> None:
         outs = [Path(tmp, f"{pid}.txt") for pid in worker_pids]
         spies = [
             subprocess.Popen(
-                [spy_bin, "record", "--pid", str(pid), "--duration", str(int(args.duration)),
-                 "--format", "raw", "--nonblocking", "--output", str(out), *(["--gil"] if args.gil else [])],
+                [
+                    spy_bin,
+                    "record",
+                    "--pid",
+                    str(pid),
+                    "--duration",
+                    str(int(args.duration)),
+                    "--format",
+                    "raw",
+                    "--nonblocking",
+                    "--output",
+                    str(out),
+                    *(["--gil"] if args.gil else []),
+                ],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
