@@ -8,7 +8,7 @@ import uuid
 import pytest
 from sqlalchemy import insert
 
-from app.queue import Lane
+from app.queue import Lane, QueueCounts
 from models import Job, states
 from models.base import utcnow
 from models.db import transaction
@@ -87,3 +87,22 @@ def test_lane_places() -> None:
     assert 1 <= gapped.place(12) <= 3
     assert Lane(count=2, first=None, last=None).place(7) == 2  # no numbers known: the back
     assert Lane(count=0, first=None, last=None).place(None) == 1
+
+
+def test_one_lane_reread_at_a_time() -> None:
+    """Requests that find the figures due while another request re-reads them use the last ones
+    instead of each scanning the backlog too."""
+    counts = QueueCounts(ttl_s=60)
+    reads: list[object] = []
+
+    class Session:
+        def execute(self, _stmt: object) -> list[tuple[str, int, int, int]]:
+            reads.append(_stmt)
+            if len(reads) == 2:  # a request arriving while this re-read runs
+                assert counts.totals(self) == {"normal": Lane(1, 1, 1)}  # type: ignore[arg-type]
+            return [("normal", len(reads), 1, len(reads))]
+
+    assert counts.totals(Session()) == {"normal": Lane(1, 1, 1)}  # type: ignore[arg-type]
+    counts._at -= 120  # due
+    assert counts.totals(Session()) == {"normal": Lane(2, 1, 2)}  # type: ignore[arg-type]
+    assert len(reads) == 2
