@@ -38,6 +38,7 @@ from app.job_access import (
     published_marks,
     queue_counts,
     queue_positions,
+    read_job,
     resource_of,
 )
 from app.metrics import hold_started
@@ -50,7 +51,7 @@ from app.services import extension, services
 from app.waiting import Waiters, prefer_wait
 from models import Job, JobStatus, cache, logs, states
 from models.base import utcnow
-from models.db import autocommit, read_only, transaction
+from models.db import autocommit, read_only_connection, transaction
 from models.job import TERMINAL
 from models.media_links import image_count
 from models.resource import job_list
@@ -236,8 +237,8 @@ def _conditional(resp: Response) -> Response:
 
 @bp.get("/jobs/<job_id>")
 def get_job(job_id: str) -> Response:
-    with read_only(services().sessions) as s:
-        resource = current_resource(s, load_job(s, job_id))
+    with read_only_connection(services().engine) as conn:
+        resource = current_resource(conn, read_job(conn, job_id))
     return _conditional(jsonify(resource))
 
 
