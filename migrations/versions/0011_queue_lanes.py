@@ -8,8 +8,8 @@ wait on each other); on SQLite (one writer at a time) it is the lane's highest q
 numbers, counted once per TTL per process, instead of counting the jobs ahead of it on
 every read. Existing queued jobs are numbered in created_at order.
 
-Revision ID: 0009
-Revises: 0008
+Revision ID: 0011
+Revises: 0010
 Create Date: 2026-12-02
 """
 
@@ -18,8 +18,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0009"
-down_revision: str | None = "0008"
+revision: str = "0011"
+down_revision: str | None = "0010"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
