@@ -16,6 +16,7 @@ import math
 import threading
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -96,20 +97,23 @@ class Admission:
             return RETRY_UNKNOWN_S
         return min(RETRY_MAX_S, max(RETRY_MIN_S, math.ceil(excess / backlog.finished_per_s)))
 
-    def check_backlog(self, modality: str) -> None:
+    def check_backlog(self, jobs: int = 1, video: int = 1) -> None:
+        """503 unless `jobs` more jobs, `video` of them video jobs, fit under the bounds."""
         s, b = self.settings, self.backlog()
-        bounds = [("text", b.text, s.admission_max_text_backlog)]
-        if modality == "video":
-            bounds.append(("video", b.video, s.admission_max_video_backlog))
-        for stage, size, bound in bounds:
-            if size >= bound:
+        bounds = [("text", b.text, s.admission_max_text_backlog, jobs)]  # every job starts with text
+        if video:
+            bounds.append(("video", b.video, s.admission_max_video_backlog, video))
+        for stage, size, bound, more in bounds:
+            if size + more > bound:
                 raise Overloaded(
                     f"The {stage} stage is overloaded ({size} jobs waiting); retry later.",
-                    retry_after=self._retry_after(size - bound + 1, b),
+                    retry_after=self._retry_after(size + more - bound, b),
                     extra={"stage": stage},
                     reason="text_backlog" if stage == "text" else "video_backlog",
                 )
         wait = b.wait_s()
+        if wait is not None and b.finished_per_s:
+            wait += (jobs - 1) / b.finished_per_s  # the batch's last job waits for its first ones
         if s.admission_max_wait_s > 0 and wait is not None and wait > s.admission_max_wait_s:
             raise Overloaded(
                 f"The estimated wait ({wait:.0f} s) is over {s.admission_max_wait_s:.0f} s; retry later.",
@@ -119,37 +123,38 @@ class Admission:
 
     # -- the whole gate ----------------------------------------------------------------------
 
-    def admit(
-        self,
-        who: Principal,
-        job_id: uuid.UUID,
-        modality: str,
-        prompt: str,
-        priority: str,
-        params: dict[str, Any],
-    ) -> None:
-        """Raise the error the client gets, or reserve a quota slot for job_id (see release)."""
+    def admit(self, who: Principal, jobs: Sequence[Job], batch: bool = False) -> None:
+        """Raise the error the client gets, or reserve a quota slot for each job (see release).
+
+        Every job counts: a batch of n takes n of the backlog bounds and n quota slots, all or
+        none. `batch`: the fields of plan violations are named `jobs[i].<field>`.
+        """
         plan = Plan.effective(self.settings, who.plan_overrides)
-        violations = plan.violations(prompt, priority, params)
-        if violations:
-            names = ", ".join(v.limit for v in violations)
+        errors, limits = [], {}
+        for i, job in enumerate(jobs):
+            for v in plan.violations(job.prompt, job.priority, job.params):
+                errors.append({"field": f"jobs[{i}].{v.field}" if batch else v.field, "message": v.message})
+                limits[v.limit] = v.allowed
+        if errors:
             raise PlanLimitExceeded(
-                f"The job goes beyond your plan's limits: {names}.",
-                errors=[{"field": v.field, "message": v.message} for v in violations],
-                extra={"limits": {v.limit: v.allowed for v in violations}},
+                f"The job goes beyond your plan's limits: {', '.join(limits)}.",
+                errors=errors,
+                extra={"limits": limits},
             )
-        self.check_backlog(modality)
-        admitted, active = self.quota.reserve(who.tenant_id, job_id, plan.max_active_jobs)
+        self.check_backlog(len(jobs), sum(1 for j in jobs if j.modality == "video"))
+        ids = [j.id for j in jobs]
+        admitted, active = self.quota.reserve(who.tenant_id, ids, plan.max_active_jobs)
         if not admitted:
+            more = f" This batch needs {len(ids)} more." if batch else ""
             raise QuotaExceeded(
                 f"Your tenant has {active} queued or running jobs; its plan allows "
-                f"{plan.max_active_jobs}. Retry when some finish.",
+                f"{plan.max_active_jobs}.{more} Retry when some finish.",
                 retry_after=QUOTA_RETRY_S,
                 extra={"limits": {"max_active_jobs": plan.max_active_jobs}},
             )
 
-    def release(self, who: Principal, job_id: uuid.UUID) -> None:
-        self.quota.release(who.tenant_id, job_id)
+    def release(self, who: Principal, job_ids: list[uuid.UUID]) -> None:
+        self.quota.release(who.tenant_id, job_ids)
 
 
 EXTENSION = "genqueue.admission"

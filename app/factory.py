@@ -13,6 +13,7 @@ from app import (
     admission,
     api_docs,
     auth,
+    batch,
     errors,
     events,
     headers,
@@ -89,6 +90,7 @@ def create_app(
     limits.init_app(app, settings)
     admission.init_app(app, settings, app.extensions[EXTENSION].sessions)
     app.register_blueprint(jobs.bp)
+    app.register_blueprint(batch.bp)
     app.register_blueprint(job_control.bp)
     app.register_blueprint(events.bp)
     app.register_blueprint(health.bp)

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from celery import Celery
 from celery.canvas import Signature
+from kombu import Producer
 from sqlalchemy.orm import Session, sessionmaker
 
 from models import Stage, outbox
@@ -34,7 +35,12 @@ def publish_compensation(app: Celery, job_id: uuid.UUID | str) -> None:
 
 
 def publish_job(
-    app: Celery, job_id: uuid.UUID | str, modality: str, priority: str, stage: Stage | str = ENTRY_STAGE
+    app: Celery,
+    job_id: uuid.UUID | str,
+    modality: str,
+    priority: str,
+    stage: Stage | str = ENTRY_STAGE,
+    producer: Producer | None = None,
 ) -> None:
     """Send the job from `stage` on (text -> video, or the video stage alone for the reaper).
 
@@ -43,6 +49,7 @@ def publish_job(
     built directly: the canvas's generic preparation cost a fifth of the publish. Raises
     kombu/OS errors if the broker cannot take it in time: broker_connection_timeout per try,
     two quick retries, so a broker outage becomes a 503 within seconds, not a hung request.
+    `producer`: one already acquired (publish_jobs); None takes one from the pool per call.
     """
     jid = str(job_id)
     prio = broker_priority(priority, app.conf.broker_url)
@@ -58,8 +65,23 @@ def publish_job(
         chain=then,
         retry=True,
         retry_policy={"max_retries": 2, "interval_start": 0, "interval_step": 0.2, "interval_max": 0.5},
+        producer=producer,
         **first.options,
     )
+
+
+def publish_jobs(
+    app: Celery, jobs: Iterable[tuple[uuid.UUID, str, str]], published: Callable[[uuid.UUID], None]
+) -> None:
+    """publish_job for each (id, modality, priority) in order, over one connection and producer.
+
+    `published(id)` is called after each message is out; the first failure raises, leaving the
+    jobs after it unpublished (the caller decides: withdraw them, or leave them to the reaper).
+    """
+    with app.producer_or_acquire() as producer:
+        for job_id, modality, priority in jobs:
+            publish_job(app, job_id, modality, priority, producer=producer)
+            published(job_id)
 
 
 def publish_dispatch(app: Celery, job_ids: Iterable[uuid.UUID], countdown: float | None = None) -> None:
