@@ -28,6 +28,7 @@ from app import (
     usage,
     webhooks,
 )
+from app.job_access import JobIdConverter
 from app.services import EXTENSION, Services
 from models import redaction
 from models.db import make_engine, make_session_factory
@@ -89,6 +90,7 @@ def create_app(
     auth.init_app(app, settings.auth_cache_s)
     limits.init_app(app, settings)
     admission.init_app(app, settings, app.extensions[EXTENSION].sessions)
+    app.url_map.converters["job_id"] = JobIdConverter  # before the rules that use it
     app.register_blueprint(jobs.bp)
     app.register_blueprint(batch.bp)
     app.register_blueprint(job_control.bp)

@@ -134,7 +134,7 @@ def _conditional(resp: Response) -> Response:
     return resp
 
 
-@bp.get("/jobs/<job_id>")
+@bp.get("/jobs/<job_id:job_id>")
 def get_job(job_id: str) -> Response:
     with read_only(services().sessions) as s:
         resource = current_resource(s, load_job(s, job_id))
