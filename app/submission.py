@@ -155,9 +155,10 @@ def publish(who: Principal, gate: Admission, jobs: Sequence[Job]) -> None:
         return
     marks, sent = published_marks(), []
 
-    def published(job_id: uuid.UUID) -> None:
-        sent.append(job_id)
-        marks.add(job_id)  # recorded within ~50 ms, in one UPDATE with its neighbours
+    def published(job_ids: list[uuid.UUID]) -> None:
+        sent.extend(job_ids)
+        for job_id in job_ids:
+            marks.add(job_id)  # recorded within ~50 ms, in one UPDATE with its neighbours
 
     try:
         publish_jobs(svc.celery, [(j.id, j.modality, j.priority) for j in computing], published)
