@@ -36,8 +36,7 @@ def _requests(body: Any) -> list[submission.Request]:
     try:
         items = JobBatchEnvelope.model_validate(body).jobs
     except ValidationError as exc:
-        errors = [e for e in field_errors(exc, None) if not e["field"].startswith("jobs.")]
-        raise ValidationFailed("The batch is invalid.", errors=errors) from None
+        raise ValidationFailed("The batch is invalid.", errors=field_errors(exc, None)) from None
     reqs, errors = [], []
     for i, item in enumerate(items):
         req, wrong = submission.validate(item, f"jobs[{i}]")

@@ -137,10 +137,11 @@ def _insert_cacheable(s: Session, sub: Submission) -> None:
 def publish(who: Principal, gate: Admission, jobs: Sequence[Job]) -> None:
     """Publish every computing job over one producer; a cache hit gives its quota slot back.
 
-    If the broker fails before any message is out, every job is withdrawn and this raises (503
-    for a broker outage): nothing was accepted. Once some are out the rest stay committed and
-    unpublished, which the reaper publishes after publish_grace_s, as it does for a submit
-    whose process died between its commit and its publish: the batch was accepted as a whole.
+    If the broker fails before any message is known to be out (publish_jobs: on Redis all go in
+    one pipeline), every job is withdrawn and this raises (503 for a broker outage): nothing was
+    accepted. Once some are out the rest stay committed and unpublished, which the reaper
+    publishes after publish_grace_s, as it does for a submit whose process died between its
+    commit and its publish: the batch was accepted as a whole.
     """
     svc = services()
     for job in jobs:
