@@ -307,3 +307,23 @@ def test_one_job_of_a_batch_can_be_canceled(client, settings, sessions, broker):
     assert statuses == ["succeeded", "canceled", "succeeded"]
     assert done[uuid.UUID(jids[1])].started_at is None
     assert events(sessions, uuid.UUID(jids[1])) == ["job.canceled", "job.compensated"]
+
+
+def test_a_batch_publishes_the_messages_single_publishes_do(celery_app, broker):
+    from tasks.contract.publish import publish_job, publish_jobs
+
+    def messages() -> dict[str, dict[str, Any]]:
+        found = broker_messages(broker, "text")
+        for m in found:
+            m["properties"].pop("delivery_tag")  # kombu's, new for every message
+        broker.flushdb()
+        return {m["headers"]["id"]: m for m in found}
+
+    jobs = [(uuid.uuid4(), "video", "high"), (uuid.uuid4(), "text", "low"), (uuid.uuid4(), "video", "normal")]
+    for job in jobs:
+        publish_job(celery_app, *job)
+    alone = messages()
+    sent: list[uuid.UUID] = []
+    publish_jobs(celery_app, jobs, sent.extend)  # one producer, one pipeline, queues declared once
+    assert sent == [j for j, _, _ in jobs]
+    assert messages() == alone and len(alone) == 3
