@@ -327,3 +327,26 @@ def test_a_batch_publishes_the_messages_single_publishes_do(celery_app, broker):
     publish_jobs(celery_app, jobs, sent.extend)  # one producer, one pipeline, queues declared once
     assert sent == [j for j, _, _ in jobs]
     assert messages() == alone and len(alone) == 3
+
+
+def test_a_batch_runs_in_the_embedded_mode(tmp_path) -> None:
+    """SQLite (the multi-row VALUES INSERT) and the in-process broker (messages one by one)."""
+    from flask.testing import FlaskClient
+
+    from app import create_app
+    from tasks.embedded import embedded_dev_key, embedded_settings, embedded_worker
+    from tests.support.api import wait_finished
+
+    settings = embedded_settings(tmp_path, text_model="echo", video_model="echo", worker_preload="")
+    with embedded_worker(settings):
+        headers = {"Authorization": f"Bearer {embedded_dev_key(settings)}"}
+        flask_app = create_app(settings)
+        client = FlaskClient(flask_app, flask_app.response_class)
+        jobs = [TEXT | {"prompt": f"a haiku {i}", "metadata": {"n": str(i)}} for i in range(3)]
+        resp = client.post("/v1/jobs/batch", json={"jobs": jobs}, headers=headers)
+        assert resp.status_code == 202, resp.get_json()
+        done = [wait_finished(client, j["id"], 30, headers=headers) for j in resp.get_json()["jobs"]]
+        assert [(j["status"], j["metadata"]) for j in done] == [
+            ("succeeded", {"n": str(i)}) for i in range(3)
+        ]
+        flask_app.extensions["genqueue"].engine.dispose()
