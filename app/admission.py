@@ -4,7 +4,8 @@ The backlog is measured in Postgres (one grouped count over the active jobs, thr
 status index) at most once per `admission_cache_s` per process, so the submit path stays
 fast however many requests arrive. Per stage:
   text:  jobs still queued (every job starts with the text stage);
-  video: video jobs not finished yet (each still needs the video stage).
+  video: video jobs not finished yet (each still needs the video stage);
+  image: image jobs not finished yet (each still needs the image stage).
 With `admission_max_wait_s` set, the estimated wait is the active jobs divided by the rate
 jobs finished over the last minute; with nothing finished yet there is no estimate, and only
 the backlog bounds apply.
@@ -25,7 +26,7 @@ from flask import Flask
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from app.errors import Overloaded, PlanLimitExceeded, QuotaExceeded
+from app.errors import Overloaded, PlanLimitExceeded, QuotaExceeded, Reason
 from app.quota import ActiveJobs
 from app.services import extension
 from models import Job, JobStatus
@@ -40,12 +41,20 @@ RETRY_MIN_S, RETRY_MAX_S, RETRY_UNKNOWN_S = 1, 300, 30
 QUOTA_RETRY_S = 5
 
 
+BACKLOG_REASONS: dict[str, Reason] = {
+    "text": "text_backlog",
+    "video": "video_backlog",
+    "image": "image_backlog",
+}
+
+
 @dataclass(frozen=True)
 class Backlog:
     text: int
     video: int
     active: int
     finished_per_s: float | None  # None: not measured (no wait bound configured)
+    image: int = 0
 
     def wait_s(self) -> float | None:
         if not self.finished_per_s:
@@ -88,6 +97,7 @@ class Admission:
         return Backlog(
             text=sum(n for _, st, n in rows if st == JobStatus.QUEUED),
             video=sum(n for mod, _, n in rows if mod == "video"),
+            image=sum(n for mod, _, n in rows if mod == "image"),
             active=sum(n for _, _, n in rows),
             finished_per_s=rate,
         )
@@ -97,19 +107,22 @@ class Admission:
             return RETRY_UNKNOWN_S
         return min(RETRY_MAX_S, max(RETRY_MIN_S, math.ceil(excess / backlog.finished_per_s)))
 
-    def check_backlog(self, jobs: int = 1, video: int = 1) -> None:
-        """503 unless `jobs` more jobs, `video` of them video jobs, fit under the bounds."""
+    def check_backlog(self, jobs: int = 1, video: int = 0, image: int = 0) -> None:
+        """503 unless `jobs` more jobs, `video` of them video and `image` image jobs, fit under the bounds."""
         s, b = self.settings, self.backlog()
-        bounds = [("text", b.text, s.admission_max_text_backlog, jobs)]  # every job starts with text
-        if video:
-            bounds.append(("video", b.video, s.admission_max_video_backlog, video))
+        # Every job starts with the text stage; video and image jobs also wait for their render stage.
+        bounds = [
+            ("text", b.text, s.admission_max_text_backlog, jobs),
+            ("video", b.video, s.admission_max_video_backlog, video),
+            ("image", b.image, s.admission_max_image_backlog, image),
+        ]
         for stage, size, bound, more in bounds:
-            if size + more > bound:
+            if more and size + more > bound:
                 raise Overloaded(
                     f"The {stage} stage is overloaded ({size} jobs waiting); retry later.",
                     retry_after=self._retry_after(size + more - bound, b),
                     extra={"stage": stage},
-                    reason="text_backlog" if stage == "text" else "video_backlog",
+                    reason=BACKLOG_REASONS[stage],
                 )
         wait = b.wait_s()
         if wait is not None and b.finished_per_s:
@@ -141,7 +154,11 @@ class Admission:
                 errors=errors,
                 extra={"limits": limits},
             )
-        self.check_backlog(len(jobs), sum(1 for j in jobs if j.modality == "video"))
+        self.check_backlog(
+            len(jobs),
+            video=sum(1 for j in jobs if j.modality == "video"),
+            image=sum(1 for j in jobs if j.modality == "image"),
+        )
         ids = [j.id for j in jobs]
         admitted, active = self.quota.reserve(who.tenant_id, ids, plan.max_active_jobs)
         if not admitted:

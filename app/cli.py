@@ -34,7 +34,7 @@ def _offline() -> None:
 @click.option("-v", "--verbose", is_flag=True, help="Log at INFO level.")
 @click.pass_context
 def main(ctx: click.Context, verbose: bool) -> None:
-    """Genqueue: run text and video generation jobs at high concurrency."""
+    """Genqueue: run text, video and image generation jobs at high concurrency."""
     settings = Settings()
     explicit = settings.model_fields_set
     # Production processes (the Procfile) log JSON; the commands a person watches in a terminal
@@ -95,7 +95,7 @@ def _wait(client: Any, location: str, poll_s: float = 0.1) -> dict[str, Any]:
 
 @main.command()
 @click.argument("prompt")
-@click.option("--modality", type=click.Choice(["video", "text"]), default="video", show_default=True)
+@click.option("--modality", type=click.Choice(["video", "text", "image"]), default="video", show_default=True)
 @click.option("--data-dir", type=click.Path(path_type=Path), default=DEFAULT_DATA_DIR, show_default=True)
 @click.option("--param", "params", multiple=True, metavar="KEY=VALUE", help="Job params, e.g. num_frames=17.")
 def demo(prompt: str, modality: str, data_dir: Path, params: tuple[str, ...]) -> None:
@@ -104,7 +104,9 @@ def demo(prompt: str, modality: str, data_dir: Path, params: tuple[str, ...]) ->
     from app import create_app
     from tasks.embedded import embedded_dev_key, embedded_settings, embedded_worker, preload_kinds
 
-    settings = embedded_settings(data_dir)
+    # Load only the models this job runs (the text stage always runs).
+    preload = "text" if modality == "text" else f"text,{modality}"
+    settings = embedded_settings(data_dir, worker_preload=preload)
     job_params = {
         k: json.loads(v) if v[:1].isdigit() or v in ("true", "false") else v
         for k, v in (p.split("=", 1) for p in params)
@@ -124,14 +126,18 @@ def demo(prompt: str, modality: str, data_dir: Path, params: tuple[str, ...]) ->
         err = job.get("error") or {}
         raise click.ClickException(f"job {job['status']}: {err.get('code')}: {err.get('message')}")
     click.echo(f"Text: {job['outputs']['text']}")
-    if modality == "video":
-        from tasks.contract.names import VIDEO_NAME, artifact_key, job_dir
+    from tasks.contract.names import VIDEO_NAME, artifact_key, image_name, job_dir
 
+    if modality == "video":
+        files = [("Video", VIDEO_NAME)]
+    else:  # an image job's PNGs; a text job has no files
+        files = [("Image", image_name(index)) for index in range(len(job["outputs"].get("images") or []))]
+    for label, name in files:
         if settings.storage_backend == "s3":
-            key = artifact_key(job["id"], VIDEO_NAME)
-            click.echo(f"Video: s3://{settings.storage_s3_bucket}/{settings.storage_s3_prefix}{key}")
+            key = artifact_key(job["id"], name)
+            click.echo(f"{label}: s3://{settings.storage_s3_bucket}/{settings.storage_s3_prefix}{key}")
         else:
-            click.echo(f"Video: {(job_dir(settings.artifact_dir, job['id']) / VIDEO_NAME).resolve()}")
+            click.echo(f"{label}: {(job_dir(settings.artifact_dir, job['id']) / name).resolve()}")
 
 
 @main.command()

@@ -26,7 +26,7 @@ from genqueue_client.core import DEFAULT_URL, KEY_ENV, URL_ENV
 EXIT_FAILED, EXIT_USAGE, EXIT_CANCELED, EXIT_API, EXIT_TRANSPORT, EXIT_TIMEOUT = 1, 2, 3, 4, 5, 6
 EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports SIGINT
 EXIT_BY_STATUS = {"succeeded": 0, "failed": EXIT_FAILED, "canceled": EXIT_CANCELED}
-SUFFIXES = {"video": "mp4", "thumbnail": "jpg", "text": "txt"}
+SUFFIXES = {"video": "mp4", "image": "png", "thumbnail": "jpg", "text": "txt"}  # a download's default name
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -140,11 +140,13 @@ def _finish(client: gq.Client, job: gq.Job, out: Path | None, as_json: bool) -> 
 
 @click.command()
 @click.argument("prompt")
-@click.option("--modality", type=click.Choice(["video", "text"]), default="video", show_default=True)
+@click.option("--modality", type=click.Choice(["video", "text", "image"]), default="video", show_default=True)
 @click.option("--param", "params", multiple=True, metavar="KEY=VALUE", help="Job params, e.g. num_frames=17.")
 @click.option("--priority", type=click.Choice(["low", "normal", "high"]))
 @click.option(
-    "--out", type=click.Path(dir_okay=False, path_type=Path), help="Write the video (or text) here."
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the video (an image job's first PNG, or the text) here.",
 )
 @click.option("--idempotency-key", help="Default: a new one per run.")
 @click.option("--timeout", type=float, help="Give up waiting after this many seconds (exit 6).")
@@ -228,15 +230,17 @@ def delete_job(client: gq.Client, job_id: str) -> None:
 
 @jobs.command("download")
 @click.argument("job_id")
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), help="Default: <id>.mp4 or <id>.txt.")
-@click.option("--variant", type=click.Choice(["video", "thumbnail", "text"]))
+@click.option(
+    "--out", type=click.Path(dir_okay=False, path_type=Path), help="Default: <id>.mp4, <id>.png or <id>.txt."
+)
+@click.option("--variant", type=click.Choice(list(SUFFIXES)), help="image: the first PNG.")
 @click.option("--resume/--no-resume", default=True, show_default=True, help="Continue a partial file.")
 @connection
 def download(client: gq.Client, job_id: str, out: Path | None, variant: str | None, resume: bool) -> None:
     """Write the job's content to a file, continuing a partial one."""
     if out is None:
-        kind = variant or ("text" if client.get(job_id).modality == "text" else "video")
-        out = Path(f"{job_id}.{ {'video': 'mp4', 'thumbnail': 'jpg', 'text': 'txt'}[kind] }")
+        kind = variant or client.get(job_id).modality  # the server's default variant is the modality's
+        out = Path(f"{job_id}.{SUFFIXES.get(kind, 'bin')}")
     click.echo(str(client.download(job_id, out, variant=variant, resume=resume)))
 
 

@@ -1,5 +1,6 @@
 """A job's files as an HTTP answer, for /v1/jobs/{id}/content and /v1/media: one definition of
-which object a variant is and how it is downloaded (Range, ETag, 304) over models.storage.
+which object a variant is (video, thumbnail, an image job's image-<index>.<png|webp>) and how it
+is downloaded (Range, ETag, 304) over models.storage.
 
 Both backends stream through the API by default: the API key (or the signed link) stays the
 capability, the bucket need not be reachable by clients, and the answers (206/416, ETag, CORS)
@@ -18,24 +19,70 @@ from werkzeug.wsgi import wrap_file
 
 from app.errors import NotFound
 from app.services import services
-from models import Job
-from tasks.contract.names import THUMBNAIL_NAME
+from models import Job, JobStatus
+from models.job import Modality
+from models.media_links import IMAGE_FORMATS, image_count, image_variant, parse_image_variant
+from tasks.contract.names import IMAGE_MIMETYPES, THUMBNAIL_NAME, image_name
 
-FILE_VARIANTS: dict[str, str] = {"video": "video/mp4", "thumbnail": "image/jpeg"}  # variant -> type
+# The media type of each fixed-name file variant; an image job's files are image-<index>.<format>.
+FILE_VARIANTS: dict[str, str] = {"video": "video/mp4", "thumbnail": "image/jpeg"}
+# The variant GET /v1/jobs/{id}/content serves when the query names none.
+DEFAULT_VARIANT: dict[str, str] = {Modality.TEXT: "text", Modality.VIDEO: "video", Modality.IMAGE: "image"}
+# What ?variant= may say; `image` takes `index` and `format` (the signed links name the file itself).
+CONTENT_VARIANTS = ("video", "text", "thumbnail", "image")
 
 
-def object_key(job: Job, variant: str) -> str:
-    """The storage key of a succeeded video job's `variant` (a cached copy's are its source's)."""
-    assert job.artifact_path is not None
-    video = PurePosixPath(job.artifact_path)
-    return str(video.parent / THUMBNAIL_NAME) if variant == "thumbnail" else str(video)
+def has_variant(modality: str, variant: str) -> bool:
+    """Whether a job of `modality` ever has the file variant `variant` (thumbnail, video, image-N.fmt)."""
+    if variant == "thumbnail":
+        return modality in (Modality.VIDEO, Modality.IMAGE)
+    if variant == "video":
+        return modality == Modality.VIDEO
+    return modality == Modality.IMAGE and parse_image_variant(variant) is not None
+
+
+def object_of(job: Job, variant: str) -> tuple[str, str] | None:
+    """(storage key, media type) of a succeeded job's file variant (a cached copy's are its
+    source's); None while the job has not succeeded or when it has no such file (an image index
+    beyond its count)."""
+    if job.status != JobStatus.SUCCEEDED or not job.artifact_path or not has_variant(job.modality, variant):
+        return None
+    folder = PurePosixPath(job.artifact_path).parent  # the video's or the first PNG's folder
+    if variant == "thumbnail":
+        return str(folder / THUMBNAIL_NAME), FILE_VARIANTS[variant]
+    if variant == "video":
+        return job.artifact_path, FILE_VARIANTS[variant]
+    parsed = parse_image_variant(variant)
+    assert parsed is not None  # has_variant checked it
+    index, fmt = parsed
+    if index >= image_count(job.params):
+        return None
+    return str(folder / image_name(index, fmt)), IMAGE_MIMETYPES[fmt]
+
+
+def image_query(index: str | None, fmt: str | None) -> tuple[str | None, list[dict[str, str]]]:
+    """The file variant `?variant=image&index=&format=` names, or the field errors (422) it has."""
+    errors = []
+    if index is None:
+        index = "0"
+    if not (index.isascii() and index.isdigit() and len(index) <= 2):
+        errors.append({"field": "index", "message": "must be an integer from 0 to num_images - 1"})
+    if fmt is None:
+        fmt = "png"
+    if fmt not in IMAGE_FORMATS:
+        errors.append({"field": "format", "message": f"must be one of: {', '.join(IMAGE_FORMATS)}"})
+    return (None if errors else image_variant(int(index), fmt)), errors
 
 
 def send_variant(job: Job, variant: str, presign_s: int | None = None) -> Response:
-    """The object behind `variant`, streamed conditionally (Range -> 206, 416 beyond the end,
-    ETag -> 304), or a 302 to a URL valid `presign_s` seconds where asked and the backend has
-    one. 404 (problem+json) once the object is gone (the job's outputs cleaned up)."""
-    storage, key, mimetype = services().storage, object_key(job, variant), FILE_VARIANTS[variant]
+    """The object behind file variant `variant` (video, thumbnail, image-<index>.<format>),
+    streamed conditionally (Range -> 206, 416 beyond the end, ETag -> 304), or a 302 to a URL
+    valid `presign_s` seconds where asked and the backend has one. 404 (problem+json) when the
+    job has no such file, or once the object is gone (the job's outputs cleaned up)."""
+    found = object_of(job, variant)
+    if found is None:
+        raise NotFound(f"Job {job.id} has no {variant}.")
+    storage, (key, mimetype) = services().storage, found
     info = storage.stat(key)
     if info is None:
         raise NotFound(f"Job {job.id} has no {variant} (any more).")

@@ -32,6 +32,7 @@ Reason = Literal[
     "streams",  # 429 / 503: the tenant's / the process's concurrent event streams cap
     "text_backlog",  # 503: admission, the text stage's backlog is over its bound
     "video_backlog",  # 503: admission, the video stage's backlog is over its bound
+    "image_backlog",  # 503: admission, the image stage's backlog is over its bound
     "estimated_wait",  # 503: admission, the estimated wait is over its bound
     "dependency",  # 503: the database or the broker failed transiently
     "broker",  # 503: a submitted job could not be published

@@ -11,10 +11,11 @@ from sqlalchemy.orm import Session
 from app.errors import Conflict
 from app.job_access import current_resource, load_job, published_marks
 from app.services import services
-from models import Job, JobStatus, Stage, cache, retention, states
+from models import Job, JobStatus, Modality, cache, retention, states
 from models.db import transaction
 from tasks.contract.names import job_prefix, stage_task_id
 from tasks.contract.publish import publish_compensation, publish_job
+from tasks.contract.stages import PIPELINES
 
 log = logging.getLogger("genqueue.api")
 bp = Blueprint("job_control", __name__, url_prefix="/v1")
@@ -24,14 +25,14 @@ bp = Blueprint("job_control", __name__, url_prefix="/v1")
 def cancel_job(job_id: str) -> Response:
     with transaction(services().sessions) as s:
         job = load_job(s, job_id)  # ownership first: another tenant's job is a 404
-        jid = job.id
+        jid, modality = job.id, job.modality
         canceled, heir = _cancel(s, job)
         if not canceled and job.status != JobStatus.CANCELED:
             raise Conflict(
                 f"The job already {job.status}; it cannot be canceled.", extra={"job_status": job.status}
             )
         resource = current_resource(s, job)
-    _after_cancel(jid, canceled, heir)
+    _after_cancel(jid, modality, canceled, heir)
     return jsonify(resource)
 
 
@@ -41,12 +42,12 @@ def delete_job(job_id: str) -> Response:
     svc = services()
     with transaction(svc.sessions) as s:
         job = load_job(s, job_id)  # another tenant's job is a 404, like a missing one
-        jid = job.id
+        jid, modality = job.id, job.modality
         canceled, heir = _cancel(s, job)
         retention.mark_removed(s, [jid])  # a no-op the second time: DELETE is idempotent
-    _after_cancel(jid, canceled, heir)
-    # Marked first, so nothing serves or reuses the files while they go; a video stage still
-    # writing when canceled leaves files its compensation removes.
+    _after_cancel(jid, modality, canceled, heir)
+    # Marked first, so nothing serves or reuses the files while they go; a video or image stage
+    # still writing when canceled leaves files its compensation removes.
     svc.storage.delete_prefix(job_prefix(jid))
     return Response(status=204)
 
@@ -60,10 +61,10 @@ def _cancel(s: Session, job: Job) -> tuple[bool, Job | None]:
     return canceled, heir
 
 
-def _after_cancel(jid: uuid.UUID, canceled: bool, heir: Job | None) -> None:
+def _after_cancel(jid: uuid.UUID, modality: str, canceled: bool, heir: Job | None) -> None:
     """After the cancel committed: stop its messages, compensate, publish the heir."""
     if canceled:
-        _revoke(str(jid))
+        _revoke(str(jid), modality)
         _request_compensation(jid)
     if heir is not None:
         try:
@@ -81,9 +82,9 @@ def _request_compensation(job_id: uuid.UUID) -> None:
         log.warning("compensation of canceled job %s not queued (the reaper will): %s", job_id, exc)
 
 
-def _revoke(job_id: str) -> None:
+def _revoke(job_id: str, modality: str) -> None:
     """Best effort: workers skip these messages; a running stage notices the status itself."""
-    ids = [stage_task_id(job_id, stage) for stage in Stage]
+    ids = [stage_task_id(job_id, stage) for stage in PIPELINES[Modality(modality)]]
     try:
         services().celery.control.revoke(ids)
     except Exception as exc:

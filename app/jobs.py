@@ -16,11 +16,12 @@ from pydantic import ValidationError
 from sqlalchemy import select, tuple_
 from sqlalchemy.exc import IntegrityError
 
-from app import downloads, idempotency, submission
+from app import idempotency, submission
 from app.admission import admission
 from app.auth import current_principal, owned
 from app.body import json_body
 from app.body import parse as parse_body
+from app.downloads import CONTENT_VARIANTS, DEFAULT_VARIANT, has_variant, image_query, object_of, send_variant
 from app.errors import (
     BadRequest,
     Conflict,
@@ -45,7 +46,7 @@ from models import Job, JobStatus, logs
 from models.base import utcnow
 from models.db import read_only
 from models.job import TERMINAL
-from models.media_links import VARIANTS
+from models.media_links import image_count
 from models.resource import job_list
 
 log = logging.getLogger("genqueue.api")
@@ -193,10 +194,10 @@ def content(job_id: str) -> Response:
     if job.data_removed_at is not None:
         raise Gone(f"Job {job_id}'s outputs were removed (expired or deleted).")
     # An empty `?variant=` is invalid like any other value off the list, not the default.
-    variant = request.args.get("variant", "video" if job.modality == "video" else "text")
-    if variant not in VARIANTS:
+    variant = request.args.get("variant", DEFAULT_VARIANT.get(job.modality, "text"))
+    if variant not in CONTENT_VARIANTS:
         raise ValidationFailed(
-            errors=[{"field": "variant", "message": f"must be one of: {', '.join(VARIANTS)}"}]
+            errors=[{"field": "variant", "message": f"must be one of: {', '.join(CONTENT_VARIANTS)}"}]
         )
     if variant == "text":
         if job.output_text is None:
@@ -204,10 +205,18 @@ def content(job_id: str) -> Response:
                 f"The job is {job.status}; its text is not ready.", extra={"job_status": job.status}
             )
         return _conditional(Response(job.output_text, mimetype="text/plain"))
-    if job.modality != "video":
-        raise NotFound(f"A {job.modality} job has no {variant}.")
+    if variant == "image":
+        file_variant, errors = image_query(request.args.get("index"), request.args.get("format"))
+        if file_variant is None:
+            raise ValidationFailed(errors=errors)
+    else:
+        file_variant = variant
+    if not has_variant(job.modality, file_variant):
+        raise NotFound(f"{'An' if job.modality == 'image' else 'A'} {job.modality} job has no {variant}.")
     if job.status != JobStatus.SUCCEEDED or not job.artifact_path:
         raise Conflict(
             f"The job is {job.status}; its {variant} is not ready.", extra={"job_status": job.status}
         )
-    return downloads.send_variant(job, variant)
+    if object_of(job, file_variant) is None:
+        raise NotFound(f"The job has {image_count(job.params)} images; there is no {file_variant}.")
+    return send_variant(job, file_variant)

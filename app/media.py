@@ -1,4 +1,4 @@
-"""/v1/media: a job's content through a signed, expiring link, no API key (a `<video src>`)."""
+"""/v1/media: a job's content through a signed, expiring link, no API key (`<video src>`, `<img src>`)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from flask import Blueprint, Response, request
 from app import downloads
 from app.errors import Forbidden, Gone, NotFound
 from app.services import services
-from models import Job, JobStatus
+from models import Job
 from models.db import read_only
 from models.media_links import VARIANTS, MediaSigner
 
@@ -69,7 +69,7 @@ def media(job_id: str, variant: str) -> Response:
     svc = services()
     with read_only(svc.sessions) as s:
         job = s.get(Job, jid)
-    if job is None or variant not in VARIANTS:
+    if job is None or not (variant in VARIANTS or downloads.has_variant(job.modality, variant)):
         raise _gone(job_id, variant)
     if job.data_removed_at is not None:
         raise Gone(f"Job {job_id}'s outputs were removed (expired or deleted).")
@@ -80,7 +80,7 @@ def media(job_id: str, variant: str) -> Response:
         resp.set_etag(hashlib.sha256(job.output_text.encode()).hexdigest()[:32])
         resp.make_conditional(request)
         return _cached(resp, max_age)
-    if job.modality != "video" or job.status != JobStatus.SUCCEEDED or not job.artifact_path:
+    if downloads.object_of(job, variant) is None:
         raise _gone(job_id, variant)
     presign = max_age if svc.settings.storage_s3_presigned_links else None
     return _cached(downloads.send_variant(job, variant, presign_s=presign), max_age)

@@ -8,6 +8,7 @@ from flask import Blueprint, Response, current_app, jsonify
 from pydantic import BaseModel, TypeAdapter
 
 from app import api_docs, openapi_rules, webhook_resources, webhooks_openapi
+from app.downloads import CONTENT_VARIANTS
 from app.errors import Problem
 from app.events_openapi import paths as events_paths
 from app.health import Health, Ready
@@ -16,6 +17,7 @@ from app.openapi_parts import REF, json_answer, op, param, problems, ref
 from app.schemas import BATCH_MAX, JobBatchCreate, job_create_adapter
 from app.services import extension
 from models.events import JobEvent, JobEventList
+from models.media_links import IMAGE_FORMATS, VARIANTS
 from models.resource import Job, JobBatch, JobList
 from models.usage import Usage
 
@@ -49,15 +51,32 @@ def _paths() -> dict[str, Any]:
     job_id = param("job_id", "path", {"type": "string", "format": "uuid"})
     text = {"type": "string"}
     listing = openapi_rules.query_params()
-    variants = {"type": "string", "enum": ["video", "text", "thumbnail"]}
+    variants = {"type": "string", "enum": list(CONTENT_VARIANTS)}
     variant = param(
-        "variant", "query", variants, "Default: video for video jobs, text for text jobs (empty: 422)."
+        "variant",
+        "query",
+        variants,
+        "Default: the job's modality (video, image), text for text jobs (empty: 422). `image` takes "
+        "`index` and `format`.",
     )
+    image_index = param(
+        "index",
+        "query",
+        {"type": "string", "pattern": "^[0-9]{1,2}$"},
+        "variant=image: which image, from 0 (default) to num_images - 1; beyond: 404.",
+    )
+    formats = {"type": "string", "enum": list(IMAGE_FORMATS)}
+    image_format = param("format", "query", formats, "variant=image: png (default) or webp.")
+    # A signed link names the file variant: an image job's are image-<index>.<png|webp>.
+    signed_variants = {
+        "type": "string",
+        "pattern": f"^({'|'.join(VARIANTS)}|image-[0-9]\\.(png|webp))$",
+    }
     unsatisfiable = problems(416)
     unsatisfiable["416"]["headers"] = {"Content-Range": {"schema": text, "description": "`bytes */<size>`"}}
     binary = {
         t: {"schema": {"type": "string", "format": "binary"}}
-        for t in ("video/mp4", "image/jpeg", "text/plain")
+        for t in ("video/mp4", "image/jpeg", "image/png", "image/webp", "text/plain")
     }
     submitted = {
         "Location": {"schema": text, "description": "The job's URL."},
@@ -147,7 +166,7 @@ def _paths() -> dict[str, Any]:
         "/v1/jobs/{job_id}/content": {
             "get": op(
                 "getJobContent",
-                "Download the job's text, video or thumbnail",
+                "Download the job's text, video, image or thumbnail",
                 {
                     "200": {"description": "The bytes", "content": binary},
                     "206": {
@@ -161,6 +180,8 @@ def _paths() -> dict[str, Any]:
                 },
                 job_id,
                 variant,
+                image_index,
+                image_format,
                 param("Range", "header", text),
             )
         },
@@ -172,7 +193,7 @@ def _paths() -> dict[str, Any]:
                 *openapi_rules.usage_params(),
             )
         },
-        "/v1/media/{job_id}/{variant}": {"get": _media(job_id, variants, binary, unsatisfiable)},
+        "/v1/media/{job_id}/{variant}": {"get": _media(job_id, signed_variants, binary, unsatisfiable)},
         "/v1/health": {
             "get": op("health", "Liveness", {"200": json_answer("Health", "Alive")}, db=False, auth=False)
         },

@@ -21,6 +21,14 @@ SUBMIT = {
             "metadata": {"order": "A-1021"},
         },
     },
+    "image": {
+        "summary": "Two images of one prompt",
+        "value": {
+            "prompt": "a lighthouse at dusk, oil painting",
+            "modality": "image",
+            "params": {"width": 512, "height": 384, "num_images": 2, "guidance": 4.5, "seed": 42},
+        },
+    },
     "text": {
         "summary": "A text job, sampled with a fixed seed",
         "value": {
@@ -39,6 +47,7 @@ _TIMINGS_QUEUED = {
     "queue_s": None,
     "text_s": None,
     "video_s": None,
+    "image_s": None,
     "gpu_s": None,
 }
 _PARAMS = {
@@ -71,6 +80,7 @@ QUEUED_JOB: dict[str, Any] = {
         "video_signed_url": None,
         "thumbnail_signed_url": None,
         "signed_urls_expire_at": None,
+        "images": None,
     },
     "error": None,
     "attempts": 0,
@@ -96,6 +106,7 @@ SUCCEEDED_JOB: dict[str, Any] = QUEUED_JOB | {
         "video_signed_url": f"{_MEDIA}/video?expires=1796184000&sig=cXV4YmF6YmFyZm9v",
         "thumbnail_signed_url": f"{_MEDIA}/thumbnail?expires=1796184000&sig=YmF6cXV4Zm9vYmFy",
         "signed_urls_expire_at": "2026-12-02T04:00:00Z",
+        "images": None,
     },
     "attempts": 1,
     "timings": {
@@ -106,6 +117,7 @@ SUCCEEDED_JOB: dict[str, Any] = QUEUED_JOB | {
         "queue_s": 1.0,
         "text_s": 2.8,
         "video_s": 26.4,
+        "image_s": None,
         "gpu_s": 29.2,
     },
     "expires_at": "2026-12-09T03:00:31Z",

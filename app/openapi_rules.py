@@ -81,7 +81,7 @@ def _url(schema: dict[str, Any]) -> None:
 
 def tighten(schemas: dict[str, Any]) -> None:
     """Add the validators' rules to the named component schemas, in place."""
-    for name in ("TextJobCreate", "VideoJobCreate"):
+    for name in ("TextJobCreate", "VideoJobCreate", "ImageJobCreate"):
         props = schemas[name]["properties"]
         props["prompt"]["pattern"] = PROMPT_PATTERN
         props["prompt"]["description"] = (
@@ -92,7 +92,7 @@ def tighten(schemas: dict[str, Any]) -> None:
         metadata["propertyNames"]["pattern"] = NO_CONTROL_PATTERN
         metadata["additionalProperties"]["pattern"] = NO_CONTROL_PATTERN
     # The models are strict: JSON has one number type, and to JSON Schema 256.0 is an integer.
-    for name in ("TextParams", "VideoParams"):
+    for name in ("TextParams", "VideoParams", "ImageParams"):
         schemas[name]["description"] += " " + INTEGERS_NOTE
     # VideoParams._four_k_plus_one: JSON Schema has no "4k+1", so the values are listed.
     frames = _alt(schemas["VideoParams"]["properties"]["num_frames"], "integer")

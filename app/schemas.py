@@ -28,6 +28,7 @@ from pydantic_core import PydanticCustomError
 
 from app.body import StorableStr
 from app.webhook_schemas import WebhookSubscription
+from models.media_links import MAX_IMAGES
 from models.settings import Settings
 from models.usage import parse_time
 
@@ -69,6 +70,30 @@ class VideoParams(TextParams):
         if v is not None and (v - 1) % 4:
             raise PydanticCustomError("num_frames", "must be 4k+1 (1, 5, 9, ..., 121)")
         return v
+
+
+class ImageParams(TextParams):
+    """Parameters of an image job: the text stage's, plus the image stage's."""
+
+    width: int | None = Field(
+        None, ge=64, le=2048, multiple_of=32, description="Multiple of 32. Default: server setting (256)."
+    )
+    height: int | None = Field(
+        None, ge=64, le=2048, multiple_of=32, description="Multiple of 32. Default: server setting (256)."
+    )
+    steps: int | None = Field(None, ge=1, le=100, description="Denoising steps. Default: 8.")
+    guidance: float | None = Field(
+        None, ge=0, le=20, description="Classifier-free guidance scale. Default: server setting (4.5)."
+    )
+    num_images: int | None = Field(
+        None, ge=1, le=MAX_IMAGES, description="Images rendered from the prompt, one model call. Default: 1."
+    )
+    enhance_prompt: bool | None = Field(
+        None,
+        description="Run the text stage to rewrite the prompt as an image prompt (the default); "
+        "false: the prompt goes to the image model as written.",
+    )
+    allow_degraded: bool | None = Field(None, description="Accept a degraded result. Default: false.")
 
 
 MetaKey = Annotated[StorableStr, StringConstraints(min_length=1, max_length=METADATA_MAX_CHARS)]
@@ -115,9 +140,27 @@ class VideoJobCreate(JobCreateBase):
     params: VideoParams | None = None
 
 
-JobCreate = Annotated[TextJobCreate | VideoJobCreate, Field(discriminator="modality")]
-job_create_adapter: TypeAdapter[TextJobCreate | VideoJobCreate] = TypeAdapter(JobCreate)
-_VIDEO_ONLY = set(VideoParams.model_fields) - set(TextParams.model_fields)
+class ImageJobCreate(JobCreateBase):
+    """An image job: the prompt becomes an image prompt (unless `enhance_prompt` is false), then PNGs."""
+
+    modality: Literal["image"]
+    params: ImageParams | None = None
+
+
+AnyJobCreate = TextJobCreate | VideoJobCreate | ImageJobCreate
+JobCreate = Annotated[AnyJobCreate, Field(discriminator="modality")]
+job_create_adapter: TypeAdapter[AnyJobCreate] = TypeAdapter(JobCreate)
+MODALITIES = ("text", "video", "image")
+# Each modality's own params: naming the modality that takes a param the job's does not.
+_PARAMS: dict[str, set[str]] = {
+    "text": set(TextParams.model_fields),
+    "video": set(VideoParams.model_fields),
+    "image": set(ImageParams.model_fields),
+}
+
+
+def _valid_for(param: str) -> list[str]:
+    return [m for m in MODALITIES if param in _PARAMS[m]]
 
 
 BATCH_MAX = 500  # jobs per POST /v1/jobs/batch
@@ -137,7 +180,7 @@ class JobBatchCreate(JobBatchEnvelope):
     )
 
 
-def complete_params(req: TextJobCreate | VideoJobCreate, settings: Settings) -> dict[str, Any]:
+def complete_params(req: AnyJobCreate, settings: Settings) -> dict[str, Any]:
     """The params as stored: every omitted one filled from Settings."""
     given = req.params.model_dump(exclude_none=True) if req.params else {}
     params: dict[str, Any] = {
@@ -154,6 +197,16 @@ def complete_params(req: TextJobCreate | VideoJobCreate, settings: Settings) -> 
             "steps": settings.default_steps,
             "allow_degraded": False,
         }
+    elif req.modality == "image":
+        params |= {
+            "width": settings.default_image_width,
+            "height": settings.default_image_height,
+            "steps": settings.default_steps,
+            "guidance": settings.default_image_guidance,
+            "num_images": 1,
+            "enhance_prompt": True,
+            "allow_degraded": False,
+        }
     return params | given
 
 
@@ -163,25 +216,26 @@ def field_errors(exc: ValidationError, body: Any) -> list[dict[str, str]]:
     modality = body.get("modality") if isinstance(body, dict) else None
     for err in exc.errors(include_url=False):
         loc = [str(p) for p in err["loc"]]
-        if loc and loc[0] in ("text", "video"):  # the union's tag, not a field
+        if loc and loc[0] in MODALITIES:  # the union's tag, not a field
             loc = loc[1:]
         kind, message = err["type"], err["msg"]
         if loc and loc[-1] == "[key]":  # a bad mapping key: name the mapping, quote the key
             message = f"key {loc[-2][:40]!r}: {message}"
             loc = loc[:-2]
         if kind in ("union_tag_invalid", "union_tag_not_found"):
-            loc, message = ["modality"], "must be one of: text, video"
+            loc, message = ["modality"], f"must be one of: {', '.join(MODALITIES)}"
         elif kind == "model_attributes_type" and not loc:
             message = "the body must be a JSON object"
         elif kind == "extra_forbidden":
             message = "unknown field"
-            if loc[:1] == ["params"] and loc[-1] in _VIDEO_ONLY and modality == "text":
-                message = "only valid for video jobs"
+            takes = _valid_for(loc[-1]) if loc[:1] == ["params"] and len(loc) == 2 else []
+            if takes and modality in MODALITIES:
+                message = f"only valid for {' and '.join(takes)} jobs"
         out.append({"field": ".".join(loc) or "body", "message": message})
     return out
 
 
-def parse_job(body: Any, settings: Settings) -> TextJobCreate | VideoJobCreate:
+def parse_job(body: Any, settings: Settings) -> AnyJobCreate:
     """Validate a decoded JSON body; raises ValidationError."""
     return job_create_adapter.validate_python(body, context={"settings": settings})
 

@@ -24,7 +24,7 @@ from app.errors import ServiceUnavailable
 from app.idempotency import Idempotency
 from app.job_access import published_marks, queue_counts
 from app.prompt_check import PromptCheck
-from app.schemas import TextJobCreate, VideoJobCreate, complete_params, field_errors, parse_job
+from app.schemas import AnyJobCreate, complete_params, field_errors, parse_job
 from app.services import extension, services
 from models import Job, JobStatus, cache, states
 from models.db import autocommit, transaction
@@ -34,7 +34,7 @@ from tasks.contract.publish import publish_jobs
 from tasks.contract.transient import is_transient
 
 log = logging.getLogger("genqueue.api")
-Request = TextJobCreate | VideoJobCreate
+Request = AnyJobCreate
 FieldErrors = list[dict[str, str]]
 PROMPT_CHECK = "genqueue.prompt_check"
 

@@ -14,8 +14,8 @@ from models.settings import Settings
 from models.usage import GroupBy, WindowError, parse_time, usage_resource, window
 
 _COLUMNS = (
-    "JOBS", "SUCCEEDED", "FAILED", "CANCELED", "ACTIVE", "GPU_TEXT_S", "GPU_VIDEO_S", "TOKENS", "FRAMES",
-    "CACHE_HITS",
+    "JOBS", "SUCCEEDED", "FAILED", "CANCELED", "ACTIVE", "GPU_TEXT_S", "GPU_VIDEO_S", "GPU_IMAGE_S", "TOKENS",
+    "FRAMES", "IMAGES", "CACHE_HITS",
 )  # fmt: skip
 
 
@@ -37,8 +37,8 @@ def _cells(row: dict[str, Any]) -> list[str]:
     values = [jobs["total"], jobs["succeeded"], jobs["failed"], jobs["canceled"], active]
     return (
         [str(v) for v in values]
-        + [f"{gpu['text']:.3f}", f"{gpu['video']:.3f}"]
-        + [str(row[k]) for k in ("tokens", "frames", "cache_hits")]
+        + [f"{gpu['text']:.3f}", f"{gpu['video']:.3f}", f"{gpu['image']:.3f}"]
+        + [str(row[k]) for k in ("tokens", "frames", "images", "cache_hits")]
     )
 
 

@@ -61,6 +61,9 @@ def model_versions(settings: Settings, modality: str) -> str:
     if modality == Modality.VIDEO:
         parts.append(f"video={settings.video_model}@{spec_version(settings.video_model)}")
         kinds.append("video")
+    elif modality == Modality.IMAGE:
+        parts.append(f"image={settings.image_model}@{spec_version(settings.image_model)}")
+        kinds.append("image")
     libs = sorted({lib for k in kinds for lib in catalog.LIBRARIES[k]})
     parts += [f"{lib}={_dist_version(lib)}" for lib in libs]
     parts.append(f"cache={settings.cache_version}")
@@ -125,7 +128,7 @@ def find_source(
     for job in session.scalars(stmt):
         if (
             job.status == JobStatus.SUCCEEDED
-            and job.modality == Modality.VIDEO
+            and job.modality in (Modality.VIDEO, Modality.IMAGE)
             and not _present(job, storage)
         ):
             continue  # artifacts expire or get removed: a result whose object is gone is not a hit
@@ -134,7 +137,7 @@ def find_source(
 
 
 def _present(job: Job, storage: Storage | None) -> bool:
-    """The source's video object still exists (one stat: a HEAD request on S3)."""
+    """The source's main object (its video, its first PNG) still exists (one stat: a HEAD on S3)."""
     if not job.artifact_path:
         return False
     return storage is None or storage.exists(job.artifact_path)

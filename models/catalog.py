@@ -12,10 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-StageName = Literal["text", "video"]
+StageName = Literal["text", "video", "image"]
 
 # Wan-family VAEs downscale 8x and the transformer patches 2x2: sides are multiples of 16.
 DEFAULT_SIDE_MULTIPLE = 16
+# Sana's DC-AE downscales 32x (patch 1): image sides are multiples of 32, which also suits
+# the 8x-VAE families (SD3, Flux, PixArt: 16).
+IMAGE_SIDE_MULTIPLE = 32
 
 
 @dataclass(frozen=True)
@@ -26,7 +29,7 @@ class ModelEntry:
     name: str
     adapter: str  # "module:Class", imported by the registry only when this model is asked for
     package: str  # the distribution whose version pins this model's weights or code (cache key)
-    side_multiple: int | None = None  # video: width and height must be multiples of this
+    side_multiple: int | None = None  # video, image: width and height must be multiples of this
 
 
 _ADAPTERS = "tasks.generators"
@@ -35,18 +38,22 @@ BUILTIN: tuple[ModelEntry, ...] = (
     ModelEntry("text", "echo", f"{_ADAPTERS}.echo:EchoTextGenerator", "genqueue"),
     ModelEntry("video", "wan-tiny", f"{_ADAPTERS}.wan:TinyWanGenerator", "diffusers", DEFAULT_SIDE_MULTIPLE),
     ModelEntry("video", "echo", f"{_ADAPTERS}.echo:EchoVideoGenerator", "genqueue", DEFAULT_SIDE_MULTIPLE),
+    ModelEntry("image", "sana-tiny", f"{_ADAPTERS}.sana:TinySanaGenerator", "diffusers", IMAGE_SIDE_MULTIPLE),
+    ModelEntry("image", "echo", f"{_ADAPTERS}.echo:EchoImageGenerator", "genqueue", IMAGE_SIDE_MULTIPLE),
 )
 
 # A local model folder selects the generic adapter of its stage.
 FOLDER_ADAPTERS: dict[str, str] = {
     "text": "tasks.generators.hf_causal:CausalLMGenerator",
     "video": "tasks.generators.diffusers_video:DiffusersVideoGenerator",
+    "image": "tasks.generators.diffusers_image:DiffusersImageGenerator",
 }
 
 # Libraries whose upgrades can change a stage's outputs (they key the result cache too).
 LIBRARIES: dict[str, tuple[str, ...]] = {
     "text": ("transformers", "torch"),
     "video": ("diffusers", "transformers", "torch"),
+    "image": ("diffusers", "transformers", "torch"),
 }
 
 
@@ -60,13 +67,13 @@ def version_package(name: str) -> str | None:
     return next((e.package for e in BUILTIN if e.name == name), None)
 
 
-def side_multiple(spec: str) -> int:
-    """What video sides must be multiples of for the configured model `spec`.
+def side_multiple(spec: str, stage: str = "video") -> int:
+    """What video (or image) sides must be multiples of for the configured model `spec`.
 
     Folders and custom adapters learn theirs when loaded (see DiffusersVideoGenerator._constraints);
-    before that the Wan family's 16 is the best guess, and the one every bundled model uses.
+    before that the bundled family's multiple is the best guess (Wan's 16, Sana's 32).
     """
-    known = entry("video", spec)
+    known = entry(stage, spec)
     if known is not None and known.side_multiple:
         return known.side_multiple
-    return DEFAULT_SIDE_MULTIPLE
+    return IMAGE_SIDE_MULTIPLE if stage == "image" else DEFAULT_SIDE_MULTIPLE

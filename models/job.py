@@ -29,11 +29,13 @@ ACTIVE = frozenset({JobStatus.QUEUED, JobStatus.RUNNING})
 class Stage(StrEnum):
     TEXT = "text"
     VIDEO = "video"
+    IMAGE = "image"
 
 
 class Modality(StrEnum):
     TEXT = "text"
     VIDEO = "video"
+    IMAGE = "image"
 
 
 class Priority(StrEnum):
@@ -74,6 +76,7 @@ class Job(Base):
     completed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     text_s: Mapped[float | None] = mapped_column(Float)
     video_s: Mapped[float | None] = mapped_column(Float)
+    image_s: Mapped[float | None] = mapped_column(Float)
 
     # Reliability: when the current stage is overdue (the reaper's cue), how often the reaper
     # stepped in, what a degraded retry changed, and when compensation ran (exactly once).
@@ -94,8 +97,11 @@ class Job(Base):
     video_gpu_s: Mapped[float | None] = mapped_column(Float)
     text_model: Mapped[str | None] = mapped_column(String(255))  # the model the stage last ran on
     video_model: Mapped[str | None] = mapped_column(String(255))
+    image_gpu_s: Mapped[float | None] = mapped_column(Float)
+    image_model: Mapped[str | None] = mapped_column(String(255))
     tokens_generated: Mapped[int | None] = mapped_column(Integer)  # the text stage's output tokens
     frames_rendered: Mapped[int | None] = mapped_column(Integer)  # the video stage's output frames
+    images_rendered: Mapped[int | None] = mapped_column(Integer)  # the image stage's output images
     # Retention and deletion (models.retention): when the job's files, output text and prompt were
     # removed (expired, or DELETE /v1/jobs/{id}); the row stays, its usage columns intact.
     data_removed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

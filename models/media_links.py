@@ -4,18 +4,39 @@ from __future__ import annotations
 
 import hashlib
 import math
+import re
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from itsdangerous import BadSignature, Signer
 
 from models.settings import Settings
 
 VARIANTS = ("video", "text", "thumbnail")
+# An image job's files are variants too: "image-<index>.<format>" (tasks.contract.names.image_name).
+IMAGE_FORMATS = ("png", "webp")
+MAX_IMAGES = 4  # the most an image job may ask for (app.schemas), so one digit names each
+_IMAGE_VARIANT = re.compile(r"^image-([0-9])\.(png|webp)$")
 Verdict = Literal["ok", "invalid", "expired"]
 _SALT = "genqueue.media-link"
+
+
+def image_variant(index: int, fmt: str) -> str:
+    """The signed-link variant (and file name) of an image job's `index`th image in `fmt`."""
+    return f"image-{index}.{fmt}"
+
+
+def parse_image_variant(variant: str) -> tuple[int, str] | None:
+    """(index, format) of an image variant, None for anything else."""
+    match = _IMAGE_VARIANT.match(variant)
+    return (int(match.group(1)), match.group(2)) if match else None
+
+
+def image_count(params: dict[str, Any] | None) -> int:
+    """How many images an image job renders: its stored `num_images` (params are complete)."""
+    return int((params or {}).get("num_images", 1))
 
 
 def media_path(job_id: uuid.UUID | str, variant: str) -> str:

@@ -55,12 +55,12 @@ def record_retry(
     )
 
 
-def degrade(session: Session, job_id: uuid.UUID, record: dict[str, Any]) -> bool:
-    """Record the one degraded retry of the video stage; False if it already degraded."""
+def degrade(session: Session, job_id: uuid.UUID, record: dict[str, Any], stage: Stage = Stage.VIDEO) -> bool:
+    """Record the one degraded retry of a render stage; False if it already degraded."""
     return _transition(
         session,
         job_id,
-        and_(Job.status == JobStatus.RUNNING, Job.stage == Stage.VIDEO, Job.degraded.is_(None)),
+        and_(Job.status == JobStatus.RUNNING, Job.stage == stage, Job.degraded.is_(None)),
         {"degraded": record},
         "job.degraded",
         event_data=record,

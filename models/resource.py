@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from models.job import Job as JobRow
 from models.job import JobStatus, Modality
-from models.media_links import MediaSigner
+from models.media_links import MAX_IMAGES, MediaSigner, image_count, image_variant
 from models.retention import expires_at
 
 Status = Literal["queued", "running", "succeeded", "failed", "canceled"]
@@ -37,6 +37,16 @@ def iso(value: datetime | None) -> str | None:
     return value.isoformat().replace("+00:00", "Z") if value else None
 
 
+class JobImage(Resource):
+    """One image of an image job, in both formats it is written in."""
+
+    index: int = Field(ge=0, le=MAX_IMAGES - 1)
+    png_url: str
+    webp_url: str = Field(description="The same pixels, lossless WebP.")
+    png_signed_url: str | None = Field(description="No API key needed (an `<img src>`); null without a key.")
+    webp_signed_url: str | None
+
+
 class JobOutputs(Resource):
     text: str | None
     text_url: str | None
@@ -51,6 +61,10 @@ class JobOutputs(Resource):
     )
     thumbnail_signed_url: str | None = Field(description="Absolute link to the JPEG thumbnail, no API key.")
     signed_urls_expire_at: str | None = Field(description="When the signed links stop working (UTC).")
+    images: list[JobImage] | None = Field(
+        description="A succeeded image job's `num_images` images; null for other jobs and until then. "
+        "thumbnail_url is the first image's."
+    )
 
 
 class JobError(Resource):
@@ -67,6 +81,7 @@ class JobTimings(Resource):
     queue_s: float | None
     text_s: float | None
     video_s: float | None
+    image_s: float | None
     gpu_s: float | None
 
 
@@ -76,10 +91,10 @@ class Job(Resource):
     id: str
     object: Literal["job"]
     status: Status
-    stage: Literal["text", "video"] | None
+    stage: Literal["text", "video", "image"] | None
     progress: int = Field(ge=0, le=100)
     queue_position: int | None = Field(description="1-based place among queued jobs; null unless queued.")
-    modality: Literal["text", "video"]
+    modality: Literal["text", "video", "image"]
     prompt: str
     params: dict[str, Any] = Field(description="Complete: every omitted param filled with its default.")
     priority: Literal["high", "normal", "low"]
@@ -87,7 +102,7 @@ class Job(Resource):
     error: JobError | None
     attempts: int = Field(description="Runs of the current stage: retries and redeliveries included.")
     degraded: dict[str, Any] | None = Field(
-        description="Set when the video stage was retried at a lower cost: reason, from, to."
+        description="Set when the video or image stage was retried at a lower cost: reason, from, to."
     )
     cached: bool = Field(description="Answered from an identical earlier job, not computed again.")
     source_job_id: str | None = Field(description="The identical job a cached one reused; else null.")
@@ -117,21 +132,51 @@ def _seconds(start: datetime | None, end: datetime | None) -> float | None:
 
 
 def _signed(
-    job: JobRow, signer: MediaSigner | None, base_url: str, has_text: bool, has_video: bool
+    job: JobRow,
+    signer: MediaSigner | None,
+    base_url: str,
+    has_text: bool,
+    has_video: bool,
+    has_thumbnail: bool,
 ) -> dict[str, str | None]:
     """Links that work without an API key until `signed_urls_expire_at`; null without a signer."""
     out: dict[str, str | None] = dict.fromkeys(
         ("text_signed_url", "video_signed_url", "thumbnail_signed_url", "signed_urls_expire_at")
     )
-    if signer is None or not (has_text or has_video):
+    if signer is None or not (has_text or has_thumbnail):
         return out
     expires = signer.expires()
-    base = f"{base_url.rstrip('/')}/v1/media/{job.id}"
-    for variant, present in (("text", has_text), ("video", has_video), ("thumbnail", has_video)):
+    for variant, present in (("text", has_text), ("video", has_video), ("thumbnail", has_thumbnail)):
         if present:
-            out[f"{variant}_signed_url"] = f"{base}/{variant}?{signer.query(job.id, variant, expires)}"
+            out[f"{variant}_signed_url"] = _signed_url(job, signer, base_url, variant, expires)
     out["signed_urls_expire_at"] = iso(datetime.fromtimestamp(expires, UTC))
     return out
+
+
+def _signed_url(job: JobRow, signer: MediaSigner, base_url: str, variant: str, expires: int) -> str:
+    return f"{base_url.rstrip('/')}/v1/media/{job.id}/{variant}?{signer.query(job.id, variant, expires)}"
+
+
+def _images(job: JobRow, content: str, signer: MediaSigner | None, base_url: str) -> list[JobImage]:
+    """A finished image job's images: per image its PNG and WebP download (and signed) links."""
+    expires = signer.expires() if signer is not None else 0
+
+    def signed(index: int, fmt: str) -> str | None:
+        return _signed_url(job, signer, base_url, image_variant(index, fmt), expires) if signer else None
+
+    def url(index: int, fmt: str) -> str:
+        return f"{content}?variant=image&index={index}&format={fmt}"
+
+    return [
+        JobImage(
+            index=index,
+            png_url=url(index, "png"),
+            webp_url=url(index, "webp"),
+            png_signed_url=signed(index, "png"),
+            webp_signed_url=signed(index, "webp"),
+        )
+        for index in range(image_count(job.params))
+    ]
 
 
 def job_model(
@@ -146,8 +191,9 @@ def job_model(
     ready = job.status == JobStatus.SUCCEEDED
     content = f"{base_url}/v1/jobs/{job.id}/content"
     has_video = bool(ready and job.modality == Modality.VIDEO and job.artifact_path)
+    has_images = bool(ready and job.modality == Modality.IMAGE and job.artifact_path)
     # The usage definition (models.usage): every attempt's GPU share, not the last attempt's wall time.
-    gpu = [s for s in (job.text_gpu_s, job.video_gpu_s) if s is not None]
+    gpu = [s for s in (job.text_gpu_s, job.video_gpu_s, job.image_gpu_s) if s is not None]
     return Job(
         id=str(job.id),
         object="job",
@@ -163,8 +209,11 @@ def job_model(
             text=job.output_text,
             text_url=f"{content}?variant=text" if job.output_text is not None else None,
             video_url=f"{content}?variant=video" if has_video else None,
-            thumbnail_url=f"{content}?variant=thumbnail" if has_video else None,
-            **_signed(job, signer, signed_base_url, job.output_text is not None, has_video),
+            thumbnail_url=f"{content}?variant=thumbnail" if has_video or has_images else None,
+            **_signed(
+                job, signer, signed_base_url, job.output_text is not None, has_video, has_video or has_images
+            ),
+            images=_images(job, content, signer, signed_base_url) if has_images else None,
         ),
         error=(
             JobError(code=job.error_code, message=job.error_message, stage=job.error_stage)
@@ -183,6 +232,7 @@ def job_model(
             queue_s=_seconds(job.created_at, job.started_at),
             text_s=job.text_s,
             video_s=job.video_s,
+            image_s=job.image_s,
             gpu_s=round(sum(gpu), 3) if gpu else None,
         ),
         metadata=job.meta or {},

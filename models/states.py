@@ -1,6 +1,6 @@
 """The job state machine: every transition is one conditional UPDATE plus its event row.
 
-queued -> running(text) -> running(video) -> succeeded | failed | canceled.
+queued -> running(text) -> running(video | image) -> succeeded | failed | canceled.
 A transition whose WHERE clause matches no row did not happen (the job was already
 past that point), so a redelivered or duplicated task can never move a job backwards
 or finish it twice. Callers commit; the event is in the same transaction (outbox).
@@ -246,10 +246,27 @@ class Charge:
     model: str
 
 
+@dataclass(frozen=True)
+class StageColumns:
+    """Where one stage's seconds, GPU usage, model and output count are kept on the job row."""
+
+    seconds: str
+    gpu_s: str
+    model: str
+    outputs: str | None = None  # the render stages' frame or image count
+
+
+STAGE_COLUMNS: dict[Stage, StageColumns] = {
+    Stage.TEXT: StageColumns("text_s", "text_gpu_s", "text_model", "tokens_generated"),
+    Stage.VIDEO: StageColumns("video_s", "video_gpu_s", "video_model", "frames_rendered"),
+    Stage.IMAGE: StageColumns("image_s", "image_gpu_s", "image_model", "images_rendered"),
+}
+
+
 def _charge_values(stage: Stage, charge: Charge) -> dict[str, Any]:
-    column = Job.text_gpu_s if stage == Stage.TEXT else Job.video_gpu_s
-    model_column = "text_model" if stage == Stage.TEXT else "video_model"
-    return {column.key: func.coalesce(column, 0.0) + round(charge.gpu_s, 6), model_column: charge.model}
+    cols = STAGE_COLUMNS[stage]
+    column = getattr(Job, cols.gpu_s)
+    return {cols.gpu_s: func.coalesce(column, 0.0) + round(charge.gpu_s, 6), cols.model: charge.model}
 
 
 def charge_attempt(session: Session, job_id: uuid.UUID, stage: Stage, charge: Charge) -> None:
@@ -281,10 +298,11 @@ def complete_text(
     deadline_at: datetime | None = None,
     tokens: int | None = None,
     charge: Charge | None = None,
+    next_stage: Stage = Stage.VIDEO,
 ) -> bool:
-    """running(text) -> running(video), or -> succeeded when the job wants text only.
+    """running(text) -> running(next_stage), or -> succeeded when the job wants text only.
 
-    `deadline_at`: going on to video, when the wait for a video worker is overdue (same UPDATE).
+    `deadline_at`: going on, when the wait for the next stage's worker is overdue (same UPDATE).
     `tokens`: how many the model generated; `charge`: the attempt's cost, recorded in the same
     UPDATE (or by charge_attempt when the transition does not happen): usage.
     """
@@ -307,7 +325,7 @@ def complete_text(
             then=("job.succeeded",),
         )
         return _charged(session, job_id, Stage.TEXT, charge, _settle(session, job))
-    values |= {"stage": Stage.VIDEO, "progress": progress, "attempts": 0}
+    values |= {"stage": next_stage, "progress": progress, "attempts": 0}
     if deadline_at is not None:
         values["deadline_at"] = deadline_at
     done = _transition(session, job_id, where, values, "job.text.completed", from_status=JobStatus.RUNNING)
@@ -338,6 +356,46 @@ def set_progress(
     return moved
 
 
+def complete_render(
+    session: Session,
+    job_id: uuid.UUID,
+    stage: Stage,
+    artifact_path: str,
+    artifact_bytes: int,
+    seconds: float,
+    outputs: int | None = None,
+    charge: Charge | None = None,
+) -> bool:
+    """running(video | image) -> succeeded: the final render stage wrote its files.
+
+    `artifact_path`: the main file (the MP4, the first PNG), `artifact_bytes` all of them;
+    `outputs`: how many frames or images the model rendered; `charge`: the attempt's cost, as
+    complete_text's (usage).
+    """
+    cols = STAGE_COLUMNS[stage]
+    values: dict[str, Any] = {
+        "status": JobStatus.SUCCEEDED,
+        "progress": 100,
+        "completed_at": utcnow(),
+        "artifact_path": artifact_path,
+        "artifact_bytes": artifact_bytes,
+        cols.seconds: seconds,
+    }
+    if cols.outputs is not None:
+        values[cols.outputs] = outputs
+    if charge is not None:
+        values |= _charge_values(stage, charge)
+    job = _transition_row(
+        session,
+        job_id,
+        and_(Job.status == JobStatus.RUNNING, Job.stage == stage),
+        values,
+        "job.succeeded",
+        from_status=JobStatus.RUNNING,
+    )
+    return _charged(session, job_id, stage, charge, _settle(session, job))
+
+
 def complete_video(
     session: Session,
     job_id: uuid.UUID,
@@ -347,28 +405,10 @@ def complete_video(
     frames: int | None = None,
     charge: Charge | None = None,
 ) -> bool:
-    """running(video) -> succeeded; `frames`: how many the model rendered, `charge`: the attempt's
-    cost, as complete_text's (usage)."""
-    values: dict[str, Any] = {
-        "status": JobStatus.SUCCEEDED,
-        "progress": 100,
-        "completed_at": utcnow(),
-        "artifact_path": artifact_path,
-        "artifact_bytes": artifact_bytes,
-        "video_s": seconds,
-        "frames_rendered": frames,
-    }
-    if charge is not None:
-        values |= _charge_values(Stage.VIDEO, charge)
-    job = _transition_row(
-        session,
-        job_id,
-        and_(Job.status == JobStatus.RUNNING, Job.stage == Stage.VIDEO),
-        values,
-        "job.succeeded",
-        from_status=JobStatus.RUNNING,
+    """running(video) -> succeeded (complete_render of the video stage)."""
+    return complete_render(
+        session, job_id, Stage.VIDEO, artifact_path, artifact_bytes, seconds, frames, charge
     )
-    return _charged(session, job_id, Stage.VIDEO, charge, _settle(session, job))
 
 
 def fail(session: Session, job_id: uuid.UUID, code: str, message: str, stage: str | None) -> bool:

@@ -1,11 +1,11 @@
-"""A tenant's usage over a time window: jobs by outcome, GPU seconds, tokens, frames, cache hits.
+"""A tenant's usage over a time window: jobs by outcome, GPU seconds, tokens, frames, images, cache hits.
 
 Computed from what the worker records on each job (models.job's usage columns), so there is one
 definition of each number:
 - a job belongs to the window its `created_at` falls in, [from, to), and to the UTC day of it;
 - `gpu_s`: every attempt's share of the generate() calls it rode in (tasks.batching.Meter),
   retried, failed and canceled attempts included; a cached job or coalesced follower ran nothing;
-- `tokens` / `frames`: what the successful text / video attempt produced;
+- `tokens` / `frames` / `images`: what the successful text / video / image attempt produced;
 - `cache_hits`: jobs answered by an identical one (a finished copy or a coalesced follower).
 The query reads the tenant's jobs in the window through ix_jobs_tenant_created.
 """
@@ -85,13 +85,16 @@ def _columns(stage: Stage | None) -> list[Any]:
     zero_f, zero_i = literal(0.0), literal(0)
     text = stage in (None, Stage.TEXT)
     video = stage in (None, Stage.VIDEO)
+    image = stage in (None, Stage.IMAGE)
     return [
         func.count().label("total"),
         *[func.sum(case((Job.status == s.value, 1), else_=0)).label(s.value) for s in JobStatus],
         (func.sum(Job.text_gpu_s) if text else zero_f).label("text_gpu_s"),
         (func.sum(Job.video_gpu_s) if video else zero_f).label("video_gpu_s"),
+        (func.sum(Job.image_gpu_s) if image else zero_f).label("image_gpu_s"),
         (func.sum(Job.tokens_generated) if text else zero_i).label("tokens"),
         (func.sum(Job.frames_rendered) if video else zero_i).label("frames"),
+        (func.sum(Job.images_rendered) if image else zero_i).label("images"),
         func.sum(case((Job.cached.is_(True), 1), else_=0)).label("cache_hits"),
     ]
 
@@ -103,11 +106,14 @@ def _row(row: Row[Any] | None) -> dict[str, Any]:
         return (getattr(row, name) if row is not None else None) or 0
 
     text_s, video_s = round(float(get("text_gpu_s")), 6), round(float(get("video_gpu_s")), 6)
+    image_s = round(float(get("image_gpu_s")), 6)
+    total_s = round(text_s + video_s + image_s, 6)
     return {
         "jobs": {"total": int(get("total")), **{s.value: int(get(s.value)) for s in JobStatus}},
-        "gpu_s": {"text": text_s, "video": video_s, "total": round(text_s + video_s, 6)},
+        "gpu_s": {"text": text_s, "video": video_s, "image": image_s, "total": total_s},
         "tokens": int(get("tokens")),
         "frames": int(get("frames")),
+        "images": int(get("images")),
         "cache_hits": int(get("cache_hits")),
     }
 
@@ -142,7 +148,9 @@ def usage(
         text_rows = _grouped(session, where, Job.text_model, Stage.TEXT).all()
         video_where = [*where, Job.modality == Modality.VIDEO]  # text jobs have no video stage
         video_rows = _grouped(session, video_where, Job.video_model, Stage.VIDEO).all()
-        for stage, rows in ((Stage.TEXT, text_rows), (Stage.VIDEO, video_rows)):
+        image_where = [*where, Job.modality == Modality.IMAGE]
+        image_rows = _grouped(session, image_where, Job.image_model, Stage.IMAGE).all()
+        for stage, rows in ((Stage.TEXT, text_rows), (Stage.VIDEO, video_rows), (Stage.IMAGE, image_rows)):
             for r in rows:
                 key = f"{stage.value}:{r.key if r.key is not None else '-'}"
                 groups.append({"key": key, "stage": stage.value, "model": r.key, **_row(r)})
@@ -164,17 +172,19 @@ class UsageJobs(Resource):
 class UsageGpu(Resource):
     text: float = Field(description="GPU seconds of the text stage: every attempt's share, retries included.")
     video: float = Field(description="GPU seconds of the video stage, likewise.")
+    image: float = Field(description="GPU seconds of the image stage, likewise.")
     total: float
 
 
 class UsageGroup(Resource):
     key: str = Field(description="`YYYY-MM-DD` (UTC), the modality, or `<stage>:<model>` (`-`: none ran).")
-    stage: Literal["text", "video"] | None = Field(None, description="group_by=model only.")
+    stage: Literal["text", "video", "image"] | None = Field(None, description="group_by=model only.")
     model: str | None = Field(None, description="group_by=model only; null: no model ran that stage.")
     jobs: UsageJobs
     gpu_s: UsageGpu
     tokens: int
     frames: int
+    images: int
     cache_hits: int = Field(description="Jobs answered by an identical one: cached copies and followers.")
 
 
@@ -183,6 +193,7 @@ class UsageTotals(Resource):
     gpu_s: UsageGpu
     tokens: int = Field(description="Tokens the text model generated.")
     frames: int = Field(description="Frames the video model rendered.")
+    images: int = Field(description="Images the image model rendered.")
     cache_hits: int = Field(description="Jobs answered by an identical one: cached copies and followers.")
 
 

@@ -7,8 +7,16 @@ import uuid
 import numpy as np
 
 from models.storage import Storage
-from tasks.contract.names import THUMBNAIL_NAME, VIDEO_NAME, artifact_key, job_prefix
-from tasks.media import encode_mp4, write_thumbnail
+from tasks.contract.names import (
+    IMAGE_FORMATS,
+    IMAGE_MIMETYPES,
+    THUMBNAIL_NAME,
+    VIDEO_NAME,
+    artifact_key,
+    image_name,
+    job_prefix,
+)
+from tasks.media import encode_mp4, write_image, write_thumbnail
 
 
 def write_video(storage: Storage, job_id: uuid.UUID, frames: np.ndarray, fps: int) -> tuple[str, int]:
@@ -24,6 +32,25 @@ def write_video(storage: Storage, job_id: uuid.UUID, frames: np.ndarray, fps: in
     with storage.writing(key, "video/mp4") as path:
         info = encode_mp4(frames, fps, str(path))
     return key, int(info["bytes"])
+
+
+def write_images(storage: Storage, job_id: uuid.UUID, images: np.ndarray) -> tuple[str, int]:
+    """Write each uint8 (H, W, 3) image of `images` as PNG and WebP, and a thumbnail of the first,
+    each published whole under its job's fixed key.
+
+    Returns the first PNG's key (the job's artifact_path) and the size of all the images' files.
+    A redelivery rewrites the same objects. As with a video, the artifact_path's object goes last:
+    once it exists, every image and the thumbnail do.
+    """
+    with storage.writing(artifact_key(job_id, THUMBNAIL_NAME), "image/jpeg") as path:
+        write_thumbnail(images[0], str(path))
+    files = [(index, fmt) for index in range(len(images)) for fmt in IMAGE_FORMATS]
+    files.sort(key=lambda f: f == (0, "png"))  # stable: the first PNG last, the rest in order
+    size = 0
+    for index, fmt in files:
+        with storage.writing(artifact_key(job_id, image_name(index, fmt)), IMAGE_MIMETYPES[fmt]) as path:
+            size += write_image(images[index], str(path), fmt)
+    return artifact_key(job_id, image_name(0)), size
 
 
 def remove_job_dir(storage: Storage, job_id: uuid.UUID) -> bool:

@@ -35,6 +35,8 @@ from tasks.contract.stages import StageSpec, spec_for, stage_of_task
 from tasks.generators.base import (
     CancelCheck,
     Canceled,
+    ImageGenerator,
+    ImageRequest,
     StepCallback,
     TextGenerator,
     TextRequest,
@@ -284,7 +286,7 @@ def _step_callback(progress: Sequence[ProgressCallback | None]) -> StepCallback 
 
 
 def _generate(
-    gen: TextGenerator | VideoGenerator,
+    gen: TextGenerator | VideoGenerator | ImageGenerator,
     requests: Sequence[Any],
     progress: Sequence[ProgressCallback | None],
     should_cancel: CancelCheck | None,
@@ -340,7 +342,7 @@ def run_batched(
     task: Task[Any, Any],
     settings: Settings,
     stage: Stage,
-    request: TextRequest | VideoRequest,
+    request: TextRequest | VideoRequest | ImageRequest,
     should_cancel: CancelCheck | None = None,
     on_progress: ProgressCallback | None = None,
     model: str | None = None,

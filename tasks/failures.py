@@ -20,7 +20,7 @@ from models.settings import Settings
 from tasks import compensation
 from tasks.contract.stages import spec_for
 from tasks.contract.transient import TRANSIENT_ERRORS, is_transient
-from tasks.generators.base import Canceled, GeneratorError, OutOfMemory, VideoRequest
+from tasks.generators.base import Canceled, GeneratorError, ImageRequest, OutOfMemory, VideoRequest
 from tasks.generators.registry import release_memory
 from tasks.metrics import metrics
 from tasks.runtime import Runtime
@@ -83,7 +83,7 @@ def handle(
     job: Job,
     stage: Stage,
     exc: Exception,
-    video_request: VideoRequest | None = None,
+    render_request: VideoRequest | ImageRequest | None = None,
 ) -> NoReturn:
     """Retry transient errors with backoff, degrade once if allowed, else fail and compensate once."""
     job_id, settings = job.id, rt.settings
@@ -96,18 +96,19 @@ def handle(
     oom, timeout = isinstance(exc, OutOfMemory), isinstance(exc, SoftTimeLimitExceeded)
     if oom or timeout:
         release_memory()  # so the retry, or this worker's next task, fits
-    # Only a stage with a request the degrade plan can shrink passes one (the video stage).
-    if (oom or timeout) and video_request is not None:
+    # Only a stage with a request the degrade plan can shrink passes one (the render stages).
+    if (oom or timeout) and render_request is not None:
         from tasks.degrade import plan  # here: the degrade path is rare
 
-        record = plan(job, video_request, settings, "out_of_memory" if oom else "timeout")
+        record = plan(job, render_request, settings, "out_of_memory" if oom else "timeout")
         if record is not None:
             with transaction(rt.sessions) as s:
-                recorded = degrade(s, job_id, record)
+                recorded = degrade(s, job_id, record, stage)
                 data = {"attempt": job.attempts, "code": "degraded", "countdown": 0}
                 record_retry(s, job_id, stage, data, hard_limit(settings, stage) + settings.stage_grace_s)
             if recorded:
-                log.warning("job %s video stage: %s; retrying degraded: %s", job_id, record["reason"], record)
+                reason = record["reason"]
+                log.warning("job %s %s stage: %s; retrying degraded: %s", job_id, stage, reason, record)
                 metrics().degradations.labels(record["reason"]).inc()
                 metrics().retries.labels(stage, "degraded").inc()
                 _retry(task, 0, exc)

@@ -18,7 +18,7 @@ from models.settings import Settings
 from tasks import compensation, failures, inflight
 from tasks.contract import names
 from tasks.contract.publish import publish_job
-from tasks.contract.stages import ENTRY_STAGE, QUEUES
+from tasks.contract.stages import ENTRY_STAGE, QUEUES, RENDER_STAGES
 from tasks.contract.transient import TRANSIENT_ERRORS
 from tasks.metrics import metrics
 from tasks.runtime import Runtime, runtime
@@ -147,7 +147,7 @@ def _lost_messages(rt: Runtime, app: Celery, now: datetime) -> list[tuple[Job, s
         waiting = {
             Stage.TEXT: _text_suspects(session, now, s.lost_message_after_s, s.queued_timeout_s)
             + _stage_suspects(session, Stage.TEXT, now, s),
-            Stage.VIDEO: _stage_suspects(session, Stage.VIDEO, now, s),
+            **{stage: _stage_suspects(session, stage, now, s) for stage in RENDER_STAGES},
         }
     lost: list[tuple[Job, str]] = []
     for stage, jobs in waiting.items():

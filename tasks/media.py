@@ -1,4 +1,5 @@
-"""Video/thumbnail encoding in process with PyAV (FFmpeg's libraries), written atomically (temp + rename)."""
+"""Video/thumbnail encoding in process with PyAV (FFmpeg's libraries), images with Pillow, written atomically
+(temp + rename)."""
 from __future__ import annotations
 
 import os
@@ -90,3 +91,30 @@ def write_thumbnail(frame: np.ndarray, path: str) -> dict[str, int]:
         _encode(tmp, "image2", codec, pix_fmt, np.ascontiguousarray(arr)[None], 1, options, {"update": "1"})
         size = os.path.getsize(tmp)
     return {"bytes": size, "width": width, "height": height}
+
+
+# Lossless WebP (method 4: the encoder's default speed) keeps the PNG's pixels exactly.
+_IMAGE_OPTIONS: dict[str, dict[str, Any]] = {
+    "png": {"optimize": False},
+    "webp": {"lossless": True, "method": 4},
+}
+
+
+def write_image(image: np.ndarray, path: str, fmt: str) -> int:
+    """Write one uint8 (H, W, 3) image as PNG or WebP (`fmt`); returns its size in bytes.
+
+    Pillow writes no timestamp into either format, so the same pixels give the same bytes.
+    """
+    from PIL import Image
+
+    arr = np.asarray(image)
+    if arr.ndim != 3 or arr.shape[-1] != 3 or arr.dtype != np.uint8 or 0 in arr.shape:
+        raise ValueError(f"image must be a non-empty uint8 (H, W, 3) array, got {arr.dtype} {arr.shape}")
+    with _atomic_path(path) as tmp:
+        try:
+            picture = Image.fromarray(np.ascontiguousarray(arr), "RGB")
+            picture.save(tmp, format=fmt.upper(), **_IMAGE_OPTIONS[fmt])
+        except OSError as exc:
+            raise EncodeError(f"{fmt}: {exc}") from exc
+        size = os.path.getsize(tmp)
+    return size

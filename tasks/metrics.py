@@ -69,7 +69,7 @@ def _build() -> WorkerMetrics:
         registry=r,
         queue_wait=Histogram(
             "genqueue_queue_wait_seconds",
-            "From publish (text) or the end of the text stage (video) to a worker starting the stage; "
+            "From publish (text) or the end of the text stage (video, image) to a worker starting the stage; "
             "first attempt only.",
             ["stage"],
             buckets=DURATION_BUCKETS,
@@ -103,7 +103,7 @@ def _build() -> WorkerMetrics:
         ),
         degradations=Counter(
             "genqueue_degradations",
-            "Degraded video retries recorded, by what caused them (out_of_memory, timeout).",
+            "Degraded video and image retries recorded, by what caused them (out_of_memory, timeout).",
             ["reason"],
             registry=r,
         ),

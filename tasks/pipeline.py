@@ -1,4 +1,4 @@
-"""The pipeline tasks: generate_text -> generate_video, and compensate on failure.
+"""The pipeline tasks: generate_text -> generate_video | generate_image, and compensate on failure.
 
 Every task takes a job id, reads what it needs from the database, and records its
 outcome through the conditional transitions in models.states, so a redelivered or
@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from celery import Task, shared_task
@@ -18,18 +20,20 @@ from models import Job, Stage, logs, states
 from models.db import transaction
 from models.recovery import deadline_in, entry_deadline
 from models.settings import Settings
+from models.storage import Storage
 from tasks import artifacts, compensation, degrade, failures, metrics, outcome
 from tasks.batching import Meter, run_batched
 from tasks.contract import names
-from tasks.contract.stages import ENTRY_STAGE, is_final
-from tasks.generators.base import TextRequest, VideoRequest, VideoResult
+from tasks.contract.prompt_limit import IMAGE_SYSTEM_PROMPT
+from tasks.contract.stages import ENTRY_STAGE, is_final, next_stage
+from tasks.generators.base import ImageRequest, ImageResult, TextRequest, VideoRequest, VideoResult
 from tasks.outcome import Outcome
 from tasks.runtime import Runtime, runtime
 from tasks.watch import JobWatch
 
 log = logging.getLogger(__name__)
 
-TEXT_DONE_PROGRESS = 20  # a video job's progress when its text stage is done
+TEXT_DONE_PROGRESS = 20  # a video or image job's progress when its text stage is done
 
 
 def _enter_stage(rt: Runtime, job_id: uuid.UUID, stage: Stage) -> Job | None:
@@ -63,7 +67,8 @@ def _enter_stage(rt: Runtime, job_id: uuid.UUID, stage: Stage) -> Job | None:
 
 @shared_task(bind=True, name=names.GENERATE_TEXT)
 def generate_text(self: Task[[str], None], job_id: str) -> None:
-    """Turn the prompt into text (the final output, or the video stage's shot description)."""
+    """Turn the prompt into text (the final output, the video stage's shot description or the
+    image stage's image prompt)."""
     rt = runtime(self.app)
     jid = uuid.UUID(job_id)
     with failures.infra_retry(self, rt, jid, Stage.TEXT):
@@ -75,47 +80,56 @@ def _text_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID) -> None:
     if job is None:
         return
     p: dict[str, Any] = job.params or {}
-    request = TextRequest(
-        prompt=job.prompt,
-        max_new_tokens=int(p.get("max_new_tokens", rt.settings.default_max_new_tokens)),
-        temperature=float(p.get("temperature", 0.0)),
-        seed=p.get("seed"),
-        repetition_penalty=rt.settings.text_repetition_penalty,
-        no_repeat_ngram_size=rt.settings.text_no_repeat_ngram_size,
-    )
-    final = is_final(job.modality, Stage.TEXT)
-    # Per token: a text job's whole bar, or a video job's first TEXT_DONE_PROGRESS percent.
-    watch = JobWatch(rt, jid, Stage.TEXT, progress_to=99 if final else TEXT_DONE_PROGRESS)
+    final, then = is_final(job.modality, Stage.TEXT), next_stage(job.modality, Stage.TEXT)
     meter, model = Meter(), rt.settings.text_model
-    try:
-        started = time.monotonic()
-        result = run_batched(
-            self,
-            rt.settings,
-            Stage.TEXT,
-            request,
-            should_cancel=watch.canceled,
-            on_progress=watch.on_step,
-            meter=meter,
+    started = time.monotonic()
+    charge: states.Charge | None = None
+    if p.get("enhance_prompt") is False:
+        # The client's prompt goes to the next stage as written: no model ran, nothing is charged.
+        text, tokens = job.prompt, 0
+    else:
+        request = TextRequest(
+            prompt=job.prompt,
+            max_new_tokens=int(p.get("max_new_tokens", rt.settings.default_max_new_tokens)),
+            temperature=float(p.get("temperature", 0.0)),
+            seed=p.get("seed"),
+            repetition_penalty=rt.settings.text_repetition_penalty,
+            no_repeat_ngram_size=rt.settings.text_no_repeat_ngram_size,
+            system_prompt=IMAGE_SYSTEM_PROMPT if then == Stage.IMAGE else None,
         )
-        if result.error is not None:
-            raise result.error
-    except Exception as exc:
-        _charge(rt, jid, Stage.TEXT, meter, model)
-        failures.handle(self, rt, job, Stage.TEXT, exc)
+        # Per token: a text job's whole bar, or a video or image job's first TEXT_DONE_PROGRESS percent.
+        watch = JobWatch(rt, jid, Stage.TEXT, progress_to=99 if final else TEXT_DONE_PROGRESS)
+        try:
+            result = run_batched(
+                self,
+                rt.settings,
+                Stage.TEXT,
+                request,
+                should_cancel=watch.canceled,
+                on_progress=watch.on_step,
+                meter=meter,
+            )
+            if result.error is not None:
+                raise result.error
+        except Exception as exc:
+            _charge(rt, jid, Stage.TEXT, meter, model)
+            failures.handle(self, rt, job, Stage.TEXT, exc)
+        text, tokens = result.text, result.tokens
+        charge = states.Charge(meter.seconds, model)  # in the same UPDATE: once, with the outcome
     seconds = round(time.monotonic() - started, 3)
     with transaction(rt.sessions) as s:
         done = states.complete_text(
             s,
             jid,
-            result.text,
+            text,
             seconds,
             final=final,
             progress=TEXT_DONE_PROGRESS,
-            # Now waiting for a video worker.
+            # Now waiting for the next stage's worker.
             deadline_at=None if final else deadline_in(rt.settings.queued_timeout_s),
-            tokens=result.tokens,
-            charge=states.Charge(meter.seconds, model),  # in the same UPDATE: once, with the outcome
+            tokens=tokens,
+            charge=charge,
+            next_stage=then or Stage.VIDEO,  # `then` is None only for a final text stage
         )
     if done:
         metrics.metrics().stage_duration.labels(Stage.TEXT).observe(seconds)
@@ -135,30 +149,52 @@ def generate_video(self: Task[[str], None], job_id: str) -> None:
     rt = runtime(self.app)
     jid = uuid.UUID(job_id)
     with failures.infra_retry(self, rt, jid, Stage.VIDEO):
-        _video_stage(self, rt, jid)
+        _render_stage(self, rt, jid, Stage.VIDEO)
 
 
-def _video_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID) -> None:
+@shared_task(bind=True, name=names.GENERATE_IMAGE)
+def generate_image(self: Task[[str], None], job_id: str) -> None:
+    """Render the image prompt to `num_images` PNGs and WebPs (+ thumbnail) in the artifact storage."""
+    rt = runtime(self.app)
+    jid = uuid.UUID(job_id)
+    with failures.infra_retry(self, rt, jid, Stage.IMAGE):
+        _render_stage(self, rt, jid, Stage.IMAGE)
+
+
+@dataclass(frozen=True)
+class Render:
+    """What a render stage does of its own: build its request from the job, write its files.
+
+    `persist(storage, job_id, result)` returns (main file's key, bytes of all files, frames or
+    images rendered). Everything else (enter, degrade, batch, charge, fail, complete, settle) is
+    the one path in _render_stage.
+    """
+
+    request: Callable[[Job, Settings], Any]
+    persist: Callable[[Storage, uuid.UUID, Any], tuple[str, int, int]]
+
+
+def _render_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID, stage: Stage) -> None:
     """Enter, generate, persist, finish; what the end means for the files is outcome.settle's call."""
-    job = _enter_stage(rt, jid, Stage.VIDEO)
+    job = _enter_stage(rt, jid, stage)
     if job is None:
         outcome.settle(rt, jid, Outcome.SKIPPED)
         return
-    request = _video_request(job, rt.settings)
+    render = RENDERS[stage]
+    request = render.request(job, rt.settings)
     run_request, model = degrade.apply(job, request, rt.settings)
     meter = Meter()
     try:
-        result, seconds = _render(self, rt, job, run_request, model, meter)
-        relpath, size = artifacts.write_video(rt.storage, jid, result.frames, result.fps)
+        result, seconds = _render(self, rt, job, stage, run_request, model, meter)
+        relpath, size, count = render.persist(rt.storage, jid, result)
     except Exception as exc:
-        _charge(rt, jid, Stage.VIDEO, meter, model)
-        failures.handle(self, rt, job, Stage.VIDEO, exc, video_request=request)
+        _charge(rt, jid, stage, meter, model)
+        failures.handle(self, rt, job, stage, exc, render_request=request)
     with transaction(rt.sessions) as s:
         charge = states.Charge(meter.seconds, model)
-        frames = int(result.frames.shape[0])
-        done = states.complete_video(s, jid, relpath, size, seconds, frames=frames, charge=charge)
+        done = states.complete_render(s, jid, stage, relpath, size, seconds, count, charge)
     if done:
-        metrics.metrics().stage_duration.labels(Stage.VIDEO).observe(seconds)
+        metrics.metrics().stage_duration.labels(stage).observe(seconds)
     outcome.settle(rt, jid, Outcome.COMPLETED if done else Outcome.OVERTAKEN)
 
 
@@ -176,15 +212,51 @@ def _video_request(job: Job, s_: Settings) -> VideoRequest:
     )
 
 
+def _image_request(job: Job, s_: Settings) -> ImageRequest:
+    """The request as the client asked for it (degrade.apply may shrink what actually runs)."""
+    p: dict[str, Any] = job.params or {}
+    return ImageRequest(
+        prompt=job.output_text or job.prompt,
+        width=int(p.get("width", s_.default_image_width)),
+        height=int(p.get("height", s_.default_image_height)),
+        steps=int(p.get("steps", s_.default_steps)),
+        seed=p.get("seed"),
+        guidance_scale=float(p.get("guidance", s_.default_image_guidance)),
+        num_images=int(p.get("num_images", 1)),
+    )
+
+
+def _persist_video(storage: Storage, jid: uuid.UUID, result: VideoResult) -> tuple[str, int, int]:
+    relpath, size = artifacts.write_video(storage, jid, result.frames, result.fps)
+    return relpath, size, int(result.frames.shape[0])
+
+
+def _persist_images(storage: Storage, jid: uuid.UUID, result: ImageResult) -> tuple[str, int, int]:
+    relpath, size = artifacts.write_images(storage, jid, result.images)
+    return relpath, size, int(result.images.shape[0])
+
+
+RENDERS: dict[Stage, Render] = {
+    Stage.VIDEO: Render(_video_request, _persist_video),
+    Stage.IMAGE: Render(_image_request, _persist_images),
+}
+
+
 def _render(
-    self: Task[[str], None], rt: Runtime, job: Job, run_request: VideoRequest, model: str, meter: Meter
-) -> tuple[VideoResult, float]:
-    """The frames (of the degraded request if an earlier attempt recorded a plan) and the seconds
-    they took; `meter` gets the GPU share."""
-    watch = JobWatch(rt, job.id, Stage.VIDEO, progress_from=TEXT_DONE_PROGRESS, progress_to=95)
+    self: Task[[str], None],
+    rt: Runtime,
+    job: Job,
+    stage: Stage,
+    run_request: VideoRequest | ImageRequest,
+    model: str,
+    meter: Meter,
+) -> tuple[Any, float]:
+    """The frames or images (of the degraded request if an earlier attempt recorded a plan) and
+    the seconds they took; `meter` gets the GPU share."""
+    watch = JobWatch(rt, job.id, stage, progress_from=TEXT_DONE_PROGRESS, progress_to=95)
     started = time.monotonic()
-    result: VideoResult = run_batched(
-        self, rt.settings, Stage.VIDEO, run_request,
+    result = run_batched(
+        self, rt.settings, stage, run_request,
         should_cancel=watch.canceled, on_progress=watch.on_step, model=model, meter=meter,
     )  # fmt: skip
     if result.error is not None:

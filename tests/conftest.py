@@ -82,6 +82,7 @@ def settings(pg_url: str, redis_url: str, artifact_root: Path) -> Settings:
         artifact_dir=artifact_root,
         text_model="echo",
         video_model="echo",
+        image_model="echo",
         retry_backoff_s=0.05,
         retry_backoff_max_s=0.2,
         progress_interval_s=0.05,

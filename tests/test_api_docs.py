@@ -55,7 +55,7 @@ def test_examples_match_their_schemas(client) -> None:
                         checked += 1
     assert checked > 20
     post = spec["paths"]["/v1/jobs"]["post"]
-    assert set(post["requestBody"]["content"]["application/json"]["examples"]) == {"video", "text"}
+    assert set(post["requestBody"]["content"]["application/json"]["examples"]) == {"video", "text", "image"}
     assert "examples" in post["responses"]["422"]["content"]["application/problem+json"]
 
 

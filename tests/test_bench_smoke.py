@@ -17,6 +17,7 @@ SCRIPTS = {
     "pipeline": ["--jobs", "5", "--warmup", "1"],
     "memory": ["--requests", "100", "--warmup-requests", "20", "--connections", "8", "--jobs", "5",
                "--warmup-jobs", "1"],
+    "image": ["--rounds", "1", "--requests", "2"],
     "sse": ["--streams", "20", "--jobs", "4", "--duration", "1", "--warmup", "0.5", "--concurrency", "4"],
     "batch_submit": ["--duration", "1", "--warmup", "0.3", "--batch", "50", "--concurrency", "8"],
 }
@@ -27,6 +28,7 @@ EXPECTED = {
     "memory": [("web RSS growth/1k req", False), ("worker RSS growth/1k jobs", False)],
     "sse": [("submit p99", True), ("streams open", True)],
     "batch_submit": [("jobs accepted per s", True), ("server CPU per job", True)],
+    "image": [("request s (default job)", True), ("images/s (batched)", True)],
 }
 RATIO = re.compile(r" ratio (-?\d+\.\d+|nan)x")
 

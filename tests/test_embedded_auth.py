@@ -42,3 +42,19 @@ def test_demo_authenticates_with_the_development_key(tmp_path: Path, monkeypatch
     assert result.exit_code == 0, result.output
     assert "Text:" in result.stdout and "a fox" in result.stdout
     assert (tmp_path / DEV_KEY_FILE).exists()
+
+
+def test_demo_runs_an_image_job(tmp_path: Path, monkeypatch) -> None:
+    from click.testing import CliRunner
+
+    from app.cli import main
+
+    monkeypatch.setenv("GENQUEUE_TEXT_MODEL", "echo")
+    monkeypatch.setenv("GENQUEUE_IMAGE_MODEL", "echo")
+    args = ["demo", "a lighthouse", "--modality", "image", "--data-dir", str(tmp_path)]
+    args += ["--param", "num_images=2"]
+    result = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    paths = [line.split(": ", 1)[1] for line in result.stdout.splitlines() if line.startswith("Image: ")]
+    assert [Path(p).name for p in paths] == ["image-0.png", "image-1.png"]
+    assert all(Path(p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)

@@ -24,6 +24,7 @@ from app.schemas import TextJobCreate, VideoJobCreate, parse_job
 from models import Job as JobRow
 from models import JobStatus, ssrf
 from models.db import transaction
+from models.media_links import MediaSigner
 from models.resource import Job, JobList, job_resource
 from models.settings import Settings
 
@@ -71,17 +72,40 @@ def test_every_error_response_is_problem_json(spec):
                     assert "application/problem+json" in response["content"], (method, path, code)
 
 
+@pytest.mark.parametrize("modality", ["video", "image"])
 @pytest.mark.parametrize("status", list(JobStatus))
-def test_job_resource_matches_its_documented_schema(status):
+def test_job_resource_matches_its_documented_schema(status, modality):
     # Catches drift between models.resource.job_resource and the documented Job schema.
     row = JobRow(
-        id=uuid.uuid4(), status=status, modality="video", prompt="p", params={"w": 1}, priority="normal",
-        progress=0, attempts=1, meta={"k": "v"}, output_text="t", artifact_path="x/video.mp4",
-        error_code="boom" if status == JobStatus.FAILED else None, error_message="m", error_stage="video",
+        id=uuid.uuid4(), status=status, modality=modality, prompt="p", params={"num_images": 2},
+        priority="normal", progress=0, attempts=1, meta={"k": "v"}, output_text="t",
+        artifact_path="x/video.mp4" if modality == "video" else "x/image-0.png",
+        error_code="boom" if status == JobStatus.FAILED else None, error_message="m", error_stage=modality,
     )  # fmt: skip
-    resource = job_resource(row, "https://gq.example", 3)
+    signer = MediaSigner(("k",), 3600)
+    resource = job_resource(row, "https://gq.example", 3, signer, "https://gq.example")
     Job.model_validate(resource)
     JobList.model_validate({"data": [resource], "next_cursor": None})
+    images = resource["outputs"]["images"]
+    if modality == "image" and status == JobStatus.SUCCEEDED:
+        assert [i["index"] for i in images] == [0, 1] and images[1]["webp_signed_url"]
+    else:
+        assert images is None
+
+
+def test_the_image_modality_is_documented(spec):
+    schemas = spec["components"]["schemas"]
+    assert set(schemas["JobCreate"]["discriminator"]["mapping"]) == {"text", "video", "image"}
+    params = schemas["ImageParams"]["properties"]
+    assert {"width", "height", "steps", "guidance", "seed", "num_images", "enhance_prompt"} <= params.keys()
+    count = next(s for s in params["num_images"]["anyOf"] if s.get("type") == "integer")
+    width = next(s for s in params["width"]["anyOf"] if s.get("type") == "integer")
+    assert (count["minimum"], count["maximum"], width["multipleOf"]) == (1, 4, 32)
+    content = {p["name"]: p for p in spec["paths"]["/v1/jobs/{job_id}/content"]["get"]["parameters"]}
+    assert "image" in content["variant"]["schema"]["enum"]
+    assert content["format"]["schema"]["enum"] == ["png", "webp"]
+    assert "image/png" in spec["paths"]["/v1/jobs/{job_id}/content"]["get"]["responses"]["200"]["content"]
+    assert "images" in schemas["JobOutputs"]["properties"]
 
 
 def test_docs_page_lists_the_endpoints_without_external_assets(client, spec):

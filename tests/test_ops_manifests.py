@@ -342,13 +342,14 @@ def test_rabbitmq_triggers_read_each_queue() -> None:
 
 
 def test_gpu_workers_scale_to_zero_and_drain_their_tasks(tree: tuple[Path, list[Obj]]) -> None:
-    """Text and video pods hold a GPU and go to zero when idle; a scale-down (SIGTERM: Celery's warm
+    """Text, video and image pods hold a GPU and go to zero when idle; a scale-down (SIGTERM: Celery's warm
     shutdown) waits longer than the stage's hard time limit, so it never kills a running task."""
     objects = tree[1]
     config = {**find(objects, "ConfigMap", "genqueue-config")["data"]}
     limits = {
         names.TEXT_QUEUE: int(config.get("GENQUEUE_TEXT_TIME_LIMIT_S", Settings().text_time_limit_s)),
         names.VIDEO_QUEUE: int(config.get("GENQUEUE_VIDEO_TIME_LIMIT_S", Settings().video_time_limit_s)),
+        names.IMAGE_QUEUE: int(config.get("GENQUEUE_IMAGE_TIME_LIMIT_S", Settings().image_time_limit_s)),
     }
     for name, worker in _workers(objects).items():
         spec = worker["spec"]["template"]["spec"]

@@ -64,6 +64,7 @@ def stack_env(settings, sessions, broker) -> dict[str, str]:
         "TEXT_WORKER_METRICS_PORT": str(free_port()),
         "VIDEO_WORKER_METRICS_PORT": str(free_port()),
         "DEFAULT_WORKER_METRICS_PORT": str(free_port()),
+        "IMAGE_WORKER_METRICS_PORT": str(free_port()),
         "EXPORTER_PORT": str(free_port()),
     }
 

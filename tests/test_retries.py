@@ -72,13 +72,13 @@ def test_failure_after_a_stage_completed_removes_its_files(settings, sessions, b
     from tasks import pipeline
 
     with thread_workers(settings) as app:
-        real = pipeline.states.complete_video
+        real = pipeline.states.complete_render
 
         def fail_first(s, jid, *args, **kw):  # the reaper failed the job while it rendered
             pipeline.states.fail(s, jid, "stage_timeout", "too slow", "video")
             return real(s, jid, *args, **kw)
 
-        monkeypatch.setattr(pipeline.states, "complete_video", fail_first)
+        monkeypatch.setattr(pipeline.states, "complete_render", fail_first)
         jid = submit(sessions, app)
         job = wait_done(sessions, jid)
         wait_for(lambda: "job.compensated" in events(sessions, jid), 30)

@@ -18,6 +18,7 @@ from tasks.contract.stages import (
     ENTRY_STAGE,
     PIPELINES,
     is_final,
+    next_stage,
     spec_for,
     stage_of_task,
     stage_specs,
@@ -31,6 +32,7 @@ def _settings(**overrides: Any) -> Settings:
         "broker_url": "memory://",
         "text_model": "echo",
         "video_model": "echo",
+        "image_model": "echo",
         "text_dtype": "bfloat16",
         "text_soft_time_limit_s": 11,
         "text_time_limit_s": 12,
@@ -58,12 +60,16 @@ def test_each_stage_has_one_spec_read_from_settings() -> None:
         21, 22, 2, 0.04,
     )  # fmt: skip
     assert failures.hard_limit(_settings(), Stage.VIDEO) == 22
+    image = specs[Stage.IMAGE]
+    assert (image.task, image.queue, image.model) == (names.GENERATE_IMAGE, "image", "echo")
+    assert image.batch_shape == ("width", "height", "steps", "guidance_scale")  # num_images may differ
+    assert (image.time_limit_s, image.batch_max_size) == (_settings().image_time_limit_s, 4)
     assert spec_for(_settings(), "text") == text  # strings from the edges are converted
 
 
 def test_unknown_stage_is_named() -> None:
-    with pytest.raises(ValueError, match="unknown stage 'image'"):
-        spec_for(_settings(), "image")
+    with pytest.raises(ValueError, match="unknown stage 'storyboard'"):
+        spec_for(_settings(), "storyboard")
     assert stage_of_task(names.GENERATE_VIDEO) is Stage.VIDEO
     assert stage_of_task(names.COMPENSATE) is None
 
@@ -89,6 +95,9 @@ def test_pipelines_enter_at_the_entry_stage() -> None:
     assert stages_from("text", "video") == (Stage.VIDEO,)  # the reaper republishing a stray stage
     assert is_final("text", Stage.TEXT) and is_final("video", Stage.VIDEO)
     assert not is_final("video", Stage.TEXT)
+    assert stages_from("image") == (Stage.TEXT, Stage.IMAGE) and is_final("image", Stage.IMAGE)
+    assert next_stage("image", Stage.TEXT) is Stage.IMAGE and next_stage("video", Stage.TEXT) is Stage.VIDEO
+    assert next_stage("image", Stage.IMAGE) is None
 
 
 @pytest.mark.parametrize(
@@ -97,6 +106,8 @@ def test_pipelines_enter_at_the_entry_stage() -> None:
         ("text", "text", names.GENERATE_TEXT, None),
         ("video", "text", names.GENERATE_TEXT, [names.GENERATE_VIDEO]),
         ("video", "video", names.GENERATE_VIDEO, None),
+        ("image", "text", names.GENERATE_TEXT, [names.GENERATE_IMAGE]),
+        ("image", "image", names.GENERATE_IMAGE, None),
     ],
 )
 def test_publish_sends_the_modalitys_stages(

@@ -216,6 +216,46 @@ def test_a_video_job_on_s3_downloads_whole_by_range_and_by_links_then_delete_rem
     assert anon.get(_local(links["video_signed_url"])).status_code == 410
 
 
+def test_an_image_job_on_s3_serves_each_image_its_cached_copy_and_links_then_delete_removes_them(
+    make_app, settings, s3_overrides, moto
+) -> None:
+    """PNGs, WebPs and the thumbnail go through the storage interface as a video does."""
+    prefix = s3_overrides["storage_s3_prefix"]
+    keys = {"media_url_keys": SecretStr("s3-media-key")}
+    client = make_app(**s3_overrides, **keys).test_client()
+    presigning = make_app(**s3_overrides, **keys, storage_s3_presigned_links=True)
+    params = {"width": 64, "height": 96, "steps": 2, "seed": 5, "num_images": 2}
+    body = {"prompt": "a lighthouse at dusk", "modality": "image", "params": params}
+    with thread_workers(settings, **s3_overrides):
+        done = wait_finished(client, client.post("/v1/jobs", json=body).get_json()["id"], timeout=60)
+        assert done["status"] == "succeeded", done.get("error")
+        copy = client.post("/v1/jobs", json=body).get_json()  # its first PNG exists: a cache hit
+    jid = done["id"]
+    assert copy["cached"] is True and copy["status"] == "succeeded"
+    names = ["thumbnail.jpg", *(f"image-{k}.{fmt}" for k in range(2) for fmt in ("png", "webp"))]
+    assert sorted(_objects(moto, prefix)) == sorted(f"{jid}/{n}" for n in names)
+    assert _uploads(moto, prefix) == [] and files(settings.artifact_dir, uuid.UUID(jid)) == []
+    for image in done["outputs"]["images"]:
+        for fmt in ("png", "webp"):
+            data = _body(moto, f"{prefix}{jid}/image-{image['index']}.{fmt}")
+            got = client.get(image[f"{fmt}_url"])
+            assert (got.status_code, got.mimetype, got.data) == (200, f"image/{fmt}", data)
+    webp = _body(moto, f"{prefix}{jid}/image-1.webp")
+    assert client.get(f"/v1/jobs/{copy['id']}/content?variant=image&index=1&format=webp").data == webp
+    assert client.get(f"/v1/jobs/{jid}/content?variant=image&index=2").status_code == 404
+    thumb = client.get(done["outputs"]["thumbnail_url"])
+    assert thumb.status_code == 200 and thumb.data.startswith(b"\xff\xd8")
+    link = _local(done["outputs"]["images"][1]["webp_signed_url"])
+    redirected = FlaskClient(presigning, presigning.response_class).get(link)
+    assert redirected.status_code == 302
+    got = httpx.get(redirected.headers["Location"])
+    assert (got.status_code, got.headers["content-type"], got.content) == (200, "image/webp", webp)
+
+    assert client.delete(f"/v1/jobs/{jid}").status_code == 204
+    assert _objects(moto, prefix) == {}
+    assert client.get(done["outputs"]["images"][0]["png_url"]).status_code == 410
+
+
 def test_retention_removes_the_objects_and_the_cache_skips_a_source_whose_object_is_gone(
     make_app, settings, sessions, s3_overrides, moto
 ) -> None:

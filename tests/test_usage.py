@@ -165,7 +165,7 @@ def test_usage_grouped_by_modality_model_and_day(client, sessions, scenario) -> 
     assert groups["text:-"]["model"] is None and groups["text:-"]["gpu_s"]["total"] == 0
     video = groups["video:echo"]
     assert video["jobs"] == _jobs(1, succeeded=1) and video["frames"] == 5 and video["tokens"] == 0
-    assert video["gpu_s"] == {"text": 0, "video": pytest.approx(leader.video_gpu_s, abs=1e-5),
+    assert video["gpu_s"] == {"text": 0, "video": pytest.approx(leader.video_gpu_s, abs=1e-5), "image": 0,
                               "total": pytest.approx(leader.video_gpu_s, abs=1e-5)}  # fmt: skip
     assert groups["video:-"]["jobs"] == _jobs(2, succeeded=2)
 
@@ -211,7 +211,8 @@ def test_the_cli_prints_the_same_usage(client, settings, scenario, monkeypatch) 
     assert [line.split()[:4] for line in lines[2:]] == [
         ["text", "2", "1", "1"], ["video", "3", "3", "0"], ["TOTAL", "5", "4", "1"],
     ]  # fmt: skip
-    assert lines[-1].split()[-3:] == [str(api["total"]["tokens"]), "5", "2"]  # tokens, frames, hits
+    tokens = str(api["total"]["tokens"])
+    assert lines[-1].split()[-4:] == [tokens, "5", "0", "2"]  # tokens, frames, images, hits
     unknown = CliRunner().invoke(main, ["usage", "--tenant", "nobody"])
     assert unknown.exit_code != 0 and "no tenant 'nobody'" in unknown.output
     bad = CliRunner().invoke(main, ["usage", "--tenant", "x", "--from", "yesterday"])

@@ -13,6 +13,8 @@ class ReliabilitySettings(BaseModel):
     text_time_limit_s: int = Field(360, description="Text task hard time limit (the pool kills the task).")
     video_soft_time_limit_s: int = Field(1800, description="Video task soft time limit.")
     video_time_limit_s: int = Field(1900, description="Video task hard time limit.")
+    image_soft_time_limit_s: int = Field(600, description="Image task soft time limit.")
+    image_time_limit_s: int = Field(660, description="Image task hard time limit.")
     max_retries: int = Field(3, description="Retries of a transient (model) failure per stage.")
     retry_backoff_s: float = Field(2.0, description="First retry countdown; doubles per attempt.")
     retry_backoff_max_s: float = Field(300.0, description="Upper bound of the retry countdown.")
@@ -72,5 +74,8 @@ class ReliabilitySettings(BaseModel):
     )
     degraded_video_model: str = Field(
         "", description="A cheaper video model for degraded retries; empty: the same model."
+    )
+    degraded_image_model: str = Field(
+        "", description="A cheaper image model for degraded retries; empty: the same model."
     )
     idempotency_ttl_s: int = Field(24 * 3600, description="How long an `Idempotency-Key` is remembered.")

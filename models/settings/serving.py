@@ -15,6 +15,10 @@ class ServingSettings(BaseModel):
     )
     video_batch_max_size: int = Field(4, description="Most same-shaped video requests in one model call.")
     video_batch_max_wait_ms: float = Field(200.0, description="Longest a video job waits for batch-mates.")
+    image_batch_max_size: int = Field(
+        4, description="Most same-shaped image jobs in one model call (each brings its `num_images`)."
+    )
+    image_batch_max_wait_ms: float = Field(200.0, description="Longest an image job waits for batch-mates.")
 
     # -- result cache (models.cache) and waiting
     cache_enabled: bool = Field(
@@ -87,6 +91,13 @@ class ServingSettings(BaseModel):
     default_num_frames: int = Field(17, description="Video frames when a job does not say.")
     default_fps: int = Field(8, description="Video frames per second when a job does not say.")
     default_steps: int = Field(8, description="Diffusion steps when a job does not say.")
+    default_image_width: int = Field(
+        256, description="Image width when a job does not say (cheap on a CPU; 1024 suits a real Sana)."
+    )
+    default_image_height: int = Field(256, description="Image height when a job does not say.")
+    default_image_guidance: float = Field(
+        4.5, description="Image classifier-free guidance scale when a job does not say (Sana's default)."
+    )
     default_max_new_tokens: int = Field(64, description="Text tokens generated when a job does not say.")
     # Small models loop at temperature 0 ("it is a new beginning" eight times); these keep the
     # text stage's output readable. Both count only the tokens a job generated, never its prompt.

@@ -25,8 +25,8 @@ class StorageSettings(BaseModel):
     )
     artifact_dir: Path = Field(
         Path("var/artifacts"),
-        description="Where MP4s and thumbnails are written; shared by the web processes and the video "
-        "workers.",
+        description="Where MP4s, PNG/WebP images and thumbnails are written; shared by the web processes "
+        "and the video and image workers.",
     )
     storage_backend: Literal["local", "s3"] = Field(
         "local",

@@ -45,6 +45,9 @@ class TenancySettings(BaseModel):
     admission_max_video_backlog: int = Field(
         10000, description="Unfinished video jobs above which new video jobs get 503 + Retry-After."
     )
+    admission_max_image_backlog: int = Field(
+        10000, description="Unfinished image jobs above which new image jobs get 503 + Retry-After."
+    )
     admission_max_wait_s: float = Field(
         0.0, description="New jobs whose estimated wait is over this get 503; `0` turns the check off."
     )

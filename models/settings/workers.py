@@ -22,6 +22,11 @@ class WorkerSettings(BaseModel):
         description="`wan-tiny`, `echo` (zero cost), a registered name, or a local diffusers "
         "text-to-video directory.",
     )
+    image_model: str = Field(
+        "sana-tiny",
+        description="`sana-tiny` (a random-weight SanaPipeline), `echo` (zero cost), a registered name, "
+        "or a local diffusers text-to-image directory (e.g. Sana_600M_1024px_diffusers).",
+    )
     text_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto",
         description="The text model's dtype: `auto`, `float32`, `bfloat16` or `float16`. `auto`: "
@@ -30,12 +35,12 @@ class WorkerSettings(BaseModel):
     )
     worker_preload: str = Field(
         "",
-        description="`text`, `video` or `text,video`: load those models when the worker process starts, "
-        "not at its first task.",
+        description="`text`, `video`, `image` or a list such as `text,video`: load those models when the "
+        "worker process starts, not at its first task.",
     )
     echo_step_seconds: float = Field(
         0.0,
-        description="The `echo` video adapter sleeps this long per step, so tests can catch a task "
+        description="The `echo` video and image adapters sleep this long per step, so tests can catch a task "
         "mid-run; read when each batch runs.",
     )
     worker_task_events: bool = Field(

@@ -5,16 +5,21 @@ from __future__ import annotations
 import uuid
 from pathlib import Path
 
+from models.media_links import IMAGE_FORMATS as IMAGE_FORMATS  # re-exported: every image's formats
+from models.media_links import image_variant
+
 # Queues. GPU stages get their own so each is served by workers sized for its model.
 TEXT_QUEUE = "text"
 VIDEO_QUEUE = "video"
+IMAGE_QUEUE = "image"
 DEFAULT_QUEUE = "default"
 WEBHOOKS_QUEUE = "webhooks"
-ALL_QUEUES = (TEXT_QUEUE, VIDEO_QUEUE, DEFAULT_QUEUE, WEBHOOKS_QUEUE)
+ALL_QUEUES = (TEXT_QUEUE, VIDEO_QUEUE, IMAGE_QUEUE, DEFAULT_QUEUE, WEBHOOKS_QUEUE)
 
 # Task names are part of the wire format: renaming one strands messages already queued.
 GENERATE_TEXT = "genqueue.generate_text"
 GENERATE_VIDEO = "genqueue.generate_video"
+GENERATE_IMAGE = "genqueue.generate_image"
 COMPENSATE = "genqueue.compensate"
 DELIVER_WEBHOOK = "genqueue.deliver_webhook"
 RELAY_WEBHOOKS = "genqueue.relay_webhooks"
@@ -27,6 +32,14 @@ EXPIRE_ARTIFACTS = "genqueue.expire_artifacts"
 # a redelivered stage rewrites the same objects instead of adding copies.
 VIDEO_NAME = "video.mp4"
 THUMBNAIL_NAME = "thumbnail.jpg"
+# An image job's files: image-<index>.png and .webp per image (index 0 .. num_images - 1), named
+# as their signed-link variants are (models.media_links).
+IMAGE_MIMETYPES = {"png": "image/png", "webp": "image/webp"}
+
+
+def image_name(index: int, fmt: str = "png") -> str:
+    """The file name of an image job's `index`th image in `fmt` (png | webp)."""
+    return image_variant(index, fmt)
 
 
 def job_prefix(job_id: uuid.UUID | str) -> str:

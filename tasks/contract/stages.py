@@ -16,14 +16,23 @@ from models.settings import Settings
 from tasks.contract import names
 
 # Wire names: renaming one strands the messages already queued (see tasks.contract.names).
-TASKS: Mapping[Stage, str] = {Stage.TEXT: names.GENERATE_TEXT, Stage.VIDEO: names.GENERATE_VIDEO}
-QUEUES: Mapping[Stage, str] = {Stage.TEXT: names.TEXT_QUEUE, Stage.VIDEO: names.VIDEO_QUEUE}
+TASKS: Mapping[Stage, str] = {
+    Stage.TEXT: names.GENERATE_TEXT,
+    Stage.VIDEO: names.GENERATE_VIDEO,
+    Stage.IMAGE: names.GENERATE_IMAGE,
+}
+QUEUES: Mapping[Stage, str] = {
+    Stage.TEXT: names.TEXT_QUEUE,
+    Stage.VIDEO: names.VIDEO_QUEUE,
+    Stage.IMAGE: names.IMAGE_QUEUE,
+}
 
 # The stages each modality runs, in order: the first is where a job enters (queued -> running),
 # the last is the one that finishes it.
 PIPELINES: Mapping[Modality, tuple[Stage, ...]] = {
     Modality.TEXT: (Stage.TEXT,),
     Modality.VIDEO: (Stage.TEXT, Stage.VIDEO),
+    Modality.IMAGE: (Stage.TEXT, Stage.IMAGE),
 }
 ENTRY_STAGE = Stage.TEXT  # every pipeline starts here (models.states.start_text)
 
@@ -72,6 +81,19 @@ def stage_specs(settings: Settings) -> Mapping[Stage, StageSpec]:
             batch_max_wait_s=s.video_batch_max_wait_ms / 1000,
             batch_shape=("width", "height", "num_frames", "steps", "guidance_scale"),
         ),
+        Stage.IMAGE: StageSpec(
+            stage=Stage.IMAGE,
+            task=TASKS[Stage.IMAGE],
+            queue=QUEUES[Stage.IMAGE],
+            model=s.image_model,
+            dtype="auto",
+            soft_time_limit_s=s.image_soft_time_limit_s,
+            time_limit_s=s.image_time_limit_s,
+            batch_max_size=s.image_batch_max_size,
+            batch_max_wait_s=s.image_batch_max_wait_ms / 1000,
+            # num_images may differ: each request brings its own rows to the one call.
+            batch_shape=("width", "height", "steps", "guidance_scale"),
+        ),
     }
 
 
@@ -103,3 +125,15 @@ def stages_from(modality: str, start: Stage | str = ENTRY_STAGE) -> tuple[Stage,
 def is_final(modality: str, stage: Stage) -> bool:
     """Whether finishing `stage` finishes a `modality` job."""
     return PIPELINES[Modality(modality)][-1] == stage
+
+
+def next_stage(modality: str, stage: Stage) -> Stage | None:
+    """The stage a `modality` job runs after `stage`, None after its last."""
+    stages = PIPELINES[Modality(modality)]
+    at = stages.index(stage)
+    return stages[at + 1] if at + 1 < len(stages) else None
+
+
+# The stages that render files (the final stage of a video or image job): degradation,
+# artifacts and the content endpoint concern these.
+RENDER_STAGES = (Stage.VIDEO, Stage.IMAGE)

@@ -62,6 +62,8 @@ class TextRequest:
     # defaults as text_repetition_penalty / text_no_repeat_ngram_size); 1.0 and 0 turn them off.
     repetition_penalty: float = 1.2
     no_repeat_ngram_size: int = 4
+    # The instruction the prompt is rendered under; None: the adapter's own (a video shot's).
+    system_prompt: str | None = None
 
 
 @dataclass(frozen=True)
@@ -88,9 +90,28 @@ EMPTY_FRAMES = np.zeros((0, 0, 0, 3), dtype=np.uint8)
 
 
 @dataclass(frozen=True)
+class ImageRequest:
+    prompt: str
+    width: int = 512
+    height: int = 512
+    steps: int = 8
+    seed: int | None = None  # image k of the request is drawn from seed + k
+    guidance_scale: float = 4.5
+    num_images: int = 1
+
+
+@dataclass(frozen=True)
 class VideoResult:
     frames: np.ndarray  # uint8, shape (num_frames, height, width, 3)
     fps: int
+    seconds: float
+    error: GeneratorError | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ImageResult:
+    images: np.ndarray  # uint8, shape (num_images, height, width, 3)
     seconds: float
     error: GeneratorError | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -100,13 +121,27 @@ class VideoResult:
 StepCallback = Callable[[int, int, int], None]
 CancelCheck = Callable[[], bool]
 
-Req = TypeVar("Req", TextRequest, VideoRequest)
-Res = TypeVar("Res", TextResult, VideoResult)
+Req = TypeVar("Req", TextRequest, VideoRequest, ImageRequest)
+Res = TypeVar("Res", TextResult, VideoResult, ImageResult)
 
 
 def check_prompt(prompt: object) -> None:
     if not isinstance(prompt, str) or not prompt.strip():
         raise InvalidRequest("prompt is empty")
+
+
+def check_render(request: VideoRequest | ImageRequest, multiple: int, max_side: int, max_steps: int) -> None:
+    """The rules a video and an image request share: prompt, sides on the model's grid, steps, guidance."""
+    check_prompt(request.prompt)
+    for side, value in (("width", request.width), ("height", request.height)):
+        if value <= 0 or value % multiple or value > max_side:
+            raise InvalidRequest(
+                f"{side} must be a positive multiple of {multiple} up to {max_side}, got {value}"
+            )
+    if not 1 <= request.steps <= max_steps:
+        raise InvalidRequest(f"steps must be between 1 and {max_steps}, got {request.steps}")
+    if not (request.guidance_scale >= 0 and math.isfinite(request.guidance_scale)):
+        raise InvalidRequest("guidance_scale must be a finite number >= 0")
 
 
 def collect(
@@ -228,25 +263,16 @@ class VideoGenerator(Generator):
 
     def check_inputs(self, request: VideoRequest) -> None:
         """Raise InvalidRequest, with a message the API can show as-is, for a request this model refuses."""
-        check_prompt(request.prompt)
-        multiple, frame_step = self.spatial_multiple, self.temporal_multiple
-        for side, value in (("width", request.width), ("height", request.height)):
-            if value <= 0 or value % multiple or value > self.max_side:
-                raise InvalidRequest(
-                    f"{side} must be a positive multiple of {multiple} up to {self.max_side}, got {value}"
-                )
+        check_render(request, self.spatial_multiple, self.max_side, self.max_steps)
+        frame_step = self.temporal_multiple
         frames = request.num_frames
         if frames < 1 or (frames - 1) % frame_step or frames > self.max_frames:
             raise InvalidRequest(
                 f"num_frames must be {frame_step}*k+1 (e.g. {frame_step * 4 + 1}) up to {self.max_frames},"
                 f" got {frames}"
             )
-        if not 1 <= request.steps <= self.max_steps:
-            raise InvalidRequest(f"steps must be between 1 and {self.max_steps}, got {request.steps}")
         if request.fps < 1:
             raise InvalidRequest(f"fps must be >= 1, got {request.fps}")
-        if not (request.guidance_scale >= 0 and math.isfinite(request.guidance_scale)):
-            raise InvalidRequest("guidance_scale must be a finite number >= 0")
 
     @abstractmethod
     def run_batch(
@@ -275,6 +301,56 @@ class VideoGenerator(Generator):
             return self.run_batch([requests[i] for i in valid], step, should_cancel)
 
         return collect(requests, self.check_inputs, _failed_video, run)
+
+
+class ImageGenerator(Generator):
+    """A text-to-image model. Sides are multiples of `spatial_multiple` (an adapter may learn it in
+    load()); a request asks for `num_images` images, which the adapter renders in one call."""
+
+    stage: ClassVar[str] = "image"
+    spatial_multiple = 32
+    max_side = 4096
+    max_steps = 200
+    max_images = 4
+
+    def check_inputs(self, request: ImageRequest) -> None:
+        """Raise InvalidRequest, with a message the API can show as-is, for a request this model refuses."""
+        check_render(request, self.spatial_multiple, self.max_side, self.max_steps)
+        if not 1 <= request.num_images <= self.max_images:
+            raise InvalidRequest(
+                f"num_images must be between 1 and {self.max_images}, got {request.num_images}"
+            )
+
+    @abstractmethod
+    def run_batch(
+        self,
+        requests: Sequence[ImageRequest],
+        on_step: StepCallback | None = None,
+        should_cancel: CancelCheck | None = None,
+    ) -> list[ImageResult]:
+        """One result per (already checked) request, in order; on_step's index is into `requests`."""
+
+    def generate(
+        self,
+        requests: Sequence[ImageRequest],
+        on_step: StepCallback | None = None,
+        should_cancel: CancelCheck | None = None,
+    ) -> list[ImageResult]:
+        """One result per request, in order; a refused request fails alone (its result's `error`).
+
+        on_step(index, step, total) reports progress with `index` into `requests`, step in 1..total.
+        """
+        self._require_ready()
+
+        def run(valid: list[int]) -> list[ImageResult]:
+            step = None if on_step is None else (lambda i, s, t: on_step(valid[i], s, t))
+            return self.run_batch([requests[i] for i in valid], step, should_cancel)
+
+        return collect(requests, self.check_inputs, _failed_image, run)
+
+
+def _failed_image(request: ImageRequest, error: InvalidRequest) -> ImageResult:
+    return ImageResult(images=EMPTY_FRAMES, seconds=0.0, error=error)
 
 
 def _failed_text(request: TextRequest, error: InvalidRequest) -> TextResult:

@@ -12,6 +12,9 @@ from models.settings import from_environment
 from tasks.generators.base import (
     CancelCheck,
     Canceled,
+    ImageGenerator,
+    ImageRequest,
+    ImageResult,
     InvalidRequest,
     StepCallback,
     TextGenerator,
@@ -28,7 +31,7 @@ FAIL = "[[fail]]"  # this request alone fails with InvalidRequest
 TRANSIENT = "[[transient]]"  # the whole call raises TransientGeneratorError (retryable)
 
 
-def _check_markers(requests: Sequence[TextRequest] | Sequence[VideoRequest]) -> None:
+def _check_markers(requests: Sequence[TextRequest] | Sequence[VideoRequest] | Sequence[ImageRequest]) -> None:
     if any(TRANSIENT in req.prompt for req in requests):
         raise TransientGeneratorError("echo: transient failure requested by prompt marker")
 
@@ -73,6 +76,19 @@ def colour_for(prompt: str, seed: int | None) -> tuple[int, int, int]:
     return digest[0], digest[1], digest[2]
 
 
+def _steps(
+    idx: int, steps: int, on_step: StepCallback | None, should_cancel: CancelCheck | None, step_s: float
+) -> None:
+    """The echo render loop: per step a cancel check, the optional sleep, the progress report."""
+    for step in range(1, steps + 1):
+        if should_cancel is not None and should_cancel():
+            raise Canceled("generation canceled")
+        if step_s > 0:
+            time.sleep(step_s)
+        if on_step is not None:
+            on_step(idx, step, steps)
+
+
 class EchoVideoGenerator(VideoGenerator):
     """Solid-colour frames of the requested size, with Wan's size rules (the base class's defaults),
     so tests see real rejections.
@@ -99,15 +115,40 @@ class EchoVideoGenerator(VideoGenerator):
         results = []
         for idx, req in enumerate(requests):
             started = time.perf_counter()
-            for step in range(1, req.steps + 1):
-                if should_cancel is not None and should_cancel():
-                    raise Canceled("video generation canceled")
-                if step_s > 0:
-                    time.sleep(step_s)
-                if on_step is not None:
-                    on_step(idx, step, req.steps)
+            _steps(idx, req.steps, on_step, should_cancel, step_s)
             frames = np.empty((req.num_frames, req.height, req.width, 3), dtype=np.uint8)
             frames[...] = colour_for(req.prompt, req.seed)
             extra = {"seed": req.seed, "batch": 1}
             results.append(VideoResult(frames, req.fps, time.perf_counter() - started, extra=extra))
+        return results
+
+
+class EchoImageGenerator(ImageGenerator):
+    """Solid-colour images of the requested size (image k from seed + k), with Sana's size rule
+    (the base class's default); GENQUEUE_ECHO_STEP_SECONDS as for the video echo."""
+
+    name = "echo"
+    version = "echo-image@1"
+
+    def check_inputs(self, request: ImageRequest) -> None:
+        _refuse_marked(request.prompt)
+        super().check_inputs(request)
+
+    def run_batch(
+        self,
+        requests: Sequence[ImageRequest],
+        on_step: StepCallback | None = None,
+        should_cancel: CancelCheck | None = None,
+    ) -> list[ImageResult]:
+        _check_markers(requests)
+        step_s = from_environment().echo_step_seconds
+        results = []
+        for idx, req in enumerate(requests):
+            started = time.perf_counter()
+            _steps(idx, req.steps, on_step, should_cancel, step_s)
+            images = np.empty((req.num_images, req.height, req.width, 3), dtype=np.uint8)
+            for k in range(req.num_images):
+                images[k] = colour_for(req.prompt, None if req.seed is None else req.seed + k)
+            extra = {"seed": req.seed, "batch": 1}
+            results.append(ImageResult(images, time.perf_counter() - started, extra=extra))
         return results

@@ -151,26 +151,26 @@ class CausalLMGenerator(TextGenerator):
         self.generate([TextRequest("a cat", max_new_tokens=2)])
 
     # -- generation ------------------------------------------------------------------------------
-    def _render(self, prompt: str) -> tuple[str, bool]:
+    def _render(self, prompt: str, system_prompt: str | None = None) -> tuple[str, bool]:
         """Chat-formatted text and whether the tokenizer should still add its special tokens."""
-        tok = self.tokenizer
+        tok, system = self.tokenizer, system_prompt or self.system_prompt
         if not tok.chat_template:
-            return f"{self.system_prompt}\n\nIdea: {prompt}\nShot:", True
-        msgs = [{"role": "system", "content": self.system_prompt}, {"role": "user", "content": prompt}]
+            return f"{system}\n\nIdea: {prompt}\nShot:", True
+        msgs = [{"role": "system", "content": system}, {"role": "user", "content": prompt}]
         try:
             return tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True), False
         except Exception:  # some templates reject a system turn; fold it into the user turn
-            merged = [{"role": "user", "content": f"{self.system_prompt}\n\n{prompt}"}]
+            merged = [{"role": "user", "content": f"{system}\n\n{prompt}"}]
             return tok.apply_chat_template(merged, tokenize=False, add_generation_prompt=True), False
 
-    def _encode_uncached(self, prompt: str) -> tuple[int, ...]:
-        text, special = self._render(prompt.strip())
+    def _encode_uncached(self, prompt: str, system_prompt: str | None = None) -> tuple[int, ...]:
+        text, special = self._render(prompt.strip(), system_prompt)
         return tuple(self.tokenizer(text, add_special_tokens=special)["input_ids"])
 
     def prompt_ids(self, req: TextRequest) -> list[int]:
         """Token ids of the rendered prompt; raises InvalidRequest for requests we will not run."""
         super().check_inputs(req)  # prompt, max_new_tokens, temperature
-        ids = self._encode(req.prompt)
+        ids = self._encode(req.prompt, req.system_prompt)
         if len(ids) > self.max_prompt_tokens:
             raise InvalidRequest(f"prompt is {len(ids)} tokens; the limit is {self.max_prompt_tokens}")
         return list(ids)

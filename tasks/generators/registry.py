@@ -14,14 +14,14 @@ from collections.abc import Callable
 from typing import Literal, overload
 
 from models import catalog
-from tasks.generators.base import Generator, TextGenerator, VideoGenerator
+from tasks.generators.base import Generator, ImageGenerator, TextGenerator, VideoGenerator
 from tasks.metrics import metrics
 
 log = logging.getLogger(__name__)
 
 # The contract each stage's adapters implement; get_generator checks it, so a wrong class fails at
 # load with a clear message instead of mid-job with an AttributeError.
-_BASES: dict[str, type[Generator]] = {"text": TextGenerator, "video": VideoGenerator}
+_BASES: dict[str, type[Generator]] = {"text": TextGenerator, "video": VideoGenerator, "image": ImageGenerator}
 
 # Names registered at run time (plugins, tests) on top of models.catalog's built-ins.
 _extra: dict[tuple[str, str], str] = {}
@@ -31,7 +31,7 @@ _lock = threading.Lock()
 
 
 def register(kind: str, name: str, target: str) -> None:
-    """Register an adapter class ("module:Class") under a name for `kind` text|video."""
+    """Register an adapter class ("module:Class") under a name for `kind` text|video|image."""
     _base(kind)
     _extra[(kind, name)] = target
 
@@ -74,7 +74,11 @@ def get_generator(kind: Literal["text"], spec: str, dtype: str = ...) -> TextGen
 @overload
 def get_generator(kind: Literal["video"], spec: str, dtype: str = ...) -> VideoGenerator: ...
 @overload
-def get_generator(kind: str, spec: str, dtype: str = ...) -> TextGenerator | VideoGenerator: ...
+def get_generator(kind: Literal["image"], spec: str, dtype: str = ...) -> ImageGenerator: ...
+@overload
+def get_generator(
+    kind: str, spec: str, dtype: str = ...
+) -> TextGenerator | VideoGenerator | ImageGenerator: ...
 def get_generator(kind: str, spec: str, dtype: str = "auto") -> Generator:
     """Return the process-wide loaded adapter for (kind, spec, dtype), loading and warming it once."""
     key = (kind, spec, dtype)
@@ -100,13 +104,14 @@ def loaded() -> dict[tuple[str, str, str], Generator]:
     return dict(_loaded)
 
 
-def side_multiple(spec: str) -> int:
-    """What video sides must be multiples of for model `spec`: the loaded adapter's own rule when
-    this process has it (a folder model learns its rule from the pipeline), else the catalog's."""
-    for (_, loaded_spec, _), gen in list(_loaded.items()):
-        if loaded_spec == spec and isinstance(gen, VideoGenerator):
+def side_multiple(spec: str, stage: str = "video") -> int:
+    """What `stage` (video | image) sides must be multiples of for model `spec`: the loaded
+    adapter's own rule when this process has it (a folder model learns its rule from the
+    pipeline), else the catalog's."""
+    for (kind, loaded_spec, _), gen in list(_loaded.items()):
+        if kind == stage and loaded_spec == spec and isinstance(gen, VideoGenerator | ImageGenerator):
             return int(gen.spatial_multiple)
-    return catalog.side_multiple(spec)
+    return catalog.side_multiple(spec, stage)
 
 
 def release_memory() -> None:

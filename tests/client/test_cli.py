@@ -9,6 +9,7 @@ from pathlib import Path
 
 import av
 import httpx
+from PIL import Image
 
 import genqueue_client as gq
 from tests.support.client import genqueue, spawn
@@ -28,6 +29,16 @@ def test_run_writes_a_playable_video(web, api_key, module_worker, tmp_path) -> N
     with av.open(str(out)) as container:
         frames = list(container.decode(container.streams.video[0]))
     assert len(frames) == 5 and (frames[0].width, frames[0].height) == (64, 64)
+
+
+def test_run_writes_an_image_jobs_first_png(web, api_key, module_worker, tmp_path) -> None:
+    out = tmp_path / "boat.png"
+    sizes = ["--param", "width=64", "--param", "height=96", "--param", "num_images=2", "--param", "steps=2"]
+    done = genqueue(web, api_key, "run", "a boat at dawn", "--modality", "image", *sizes, "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "stage image" in done.stderr and f"wrote {out}" in done.stderr
+    with Image.open(out) as image:
+        assert (image.format, image.size) == ("PNG", (64, 96))
 
 
 def test_run_exits_1_when_the_job_fails(web, api_key, module_worker) -> None:

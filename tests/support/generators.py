@@ -24,6 +24,8 @@ import numpy as np
 from tasks.generators.base import (
     CancelCheck,
     Canceled,
+    ImageRequest,
+    ImageResult,
     OutOfMemory,
     StepCallback,
     TextRequest,
@@ -32,7 +34,7 @@ from tasks.generators.base import (
     VideoRequest,
     VideoResult,
 )
-from tasks.generators.echo import EchoTextGenerator, EchoVideoGenerator
+from tasks.generators.echo import EchoImageGenerator, EchoTextGenerator, EchoVideoGenerator
 
 _calls: Counter[str] = Counter()
 _lock = threading.Lock()
@@ -259,6 +261,46 @@ def _install_pauses(folder: Path) -> None:
 
     paused_encode.paused = True  # type: ignore[attr-defined]
     media._encode, artifacts.sweep_temp = paused_encode, paused_sweep  # type: ignore[assignment]
+
+
+class TracedImage(EchoImageGenerator):
+    """The echo image adapter (GENQUEUE_ECHO_STEP_SECONDS per step), recording each run and the
+    size of every call (`calls`: how many requests shared one run_batch)."""
+
+    calls: list[int] = []
+
+    def run_batch(
+        self,
+        requests: Sequence[ImageRequest],
+        on_step: StepCallback | None = None,
+        should_cancel: CancelCheck | None = None,
+    ) -> list[ImageResult]:
+        with _lock:
+            TracedImage.calls.append(len(requests))
+        with _traced([r.prompt for r in requests]) as traced:
+
+            def step(index: int, done: int, total: int) -> None:
+                traced[index].steps = done
+                if on_step is not None:
+                    on_step(index, done, total)
+
+            return super().run_batch(requests, step, should_cancel)
+
+
+class SizeLimitedImage(EchoImageGenerator):
+    """Raises OutOfMemory above GENQUEUE_TEST_MAX_PIXELS (default 64*64) pixels per image."""
+
+    def run_batch(
+        self,
+        requests: Sequence[ImageRequest],
+        on_step: StepCallback | None = None,
+        should_cancel: CancelCheck | None = None,
+    ) -> list[ImageResult]:
+        limit = int(os.environ.get("GENQUEUE_TEST_MAX_PIXELS") or 64 * 64)
+        for req in requests:
+            if req.width * req.height > limit:
+                raise OutOfMemory(f"test: {req.width}x{req.height} does not fit")
+        return super().run_batch(requests, on_step, should_cancel)
 
 
 class NoisyVideo(EchoVideoGenerator):

@@ -264,7 +264,10 @@ def test_registered_endpoint_gets_every_event_until_deleted(hook_client, hook_wo
     job_id = submit(hook_client)  # no webhook of its own
     receiver.wait_for(lambda r: [c.payload["type"] for c in r.calls][-1:] == ["job.succeeded"])
     types = [c.payload["type"] for c in receiver.calls]
-    assert types == ["job.started", "job.text.completed", "job.succeeded"]
+    # job.progress is sent when progress moves by enough within the throttle interval, which a
+    # slow machine's text stage can reach; any it sent comes between the start and the end.
+    assert [t for t in types if t != "job.progress"] == ["job.started", "job.text.completed", "job.succeeded"]
+    assert "job.progress" not in (types[0], types[-1])
     assert {c.payload["data"]["id"] for c in receiver.calls} == {job_id}
     assert hook_client.delete(f"/v1/webhooks/{endpoint['id']}").status_code == 204
     assert hook_client.get("/v1/webhooks").get_json()["data"] == []
