@@ -21,6 +21,8 @@ from tests.support.workers import thread_workers
 TEXT = {"prompt": "a fox", "modality": "text"}
 SMALL = {"width": 64, "height": 64, "num_frames": 5, "steps": 2}
 VIDEO = {"prompt": "a fox in the snow", "modality": "video", "params": SMALL}
+IMAGE_SMALL = {"width": 64, "height": 96, "steps": 3}
+IMAGE = {"prompt": "a lighthouse at dusk", "modality": "image", "params": IMAGE_SMALL}
 
 
 def post(client, jobs: list[Any], key: str | None = None, **body: Any):
@@ -103,15 +105,21 @@ def test_every_invalid_job_is_named_by_index_and_nothing_is_written(client, sess
         "not an object",
         {"prompt": "   ", "modality": "video"},
         TEXT | {"modality": "audio"},
+        IMAGE | {"params": {"num_images": 9}},
+        IMAGE | {"params": {"num_frames": 5}},
     ]
     body = assert_problem(post(client, jobs), 422)
     fields = [e["field"] for e in body["errors"]]
     assert fields == [
         "jobs[1].params.width", "jobs[2].params.width", "jobs[3]", "jobs[4].prompt", "jobs[5].modality",
+        "jobs[6].params.num_images", "jobs[7].params.num_frames",
     ]  # fmt: skip
     messages = {e["field"]: e["message"] for e in body["errors"]}
-    assert messages["jobs[2].params.width"] == "only valid for video jobs"  # as a single submit says
-    assert "5 of the 6 jobs" in body["detail"]
+    # As a single submit says them.
+    assert messages["jobs[2].params.width"] == "only valid for video and image jobs"
+    assert messages["jobs[5].modality"] == "must be one of: text, video, image"
+    assert messages["jobs[7].params.num_frames"] == "only valid for video jobs"
+    assert "7 of the 8 jobs" in body["detail"]
     assert count(sessions) == 0 and not broker_messages(broker, "text")
 
 
@@ -138,6 +146,10 @@ def test_a_job_beyond_the_plan_refuses_the_whole_batch(tenant_client, sessions):
     body = assert_problem(resp, 403)
     assert [e["field"] for e in body["errors"]] == ["jobs[1].params.width"]
     assert body["limits"] == {"max_width": 128}
+    assert count(sessions) == 0
+    # An image job's size is bounded as a single submit's is, named by its index.
+    body = assert_problem(post(client, [TEXT, IMAGE, IMAGE | {"params": {"width": 256}}]), 403)
+    assert [e["field"] for e in body["errors"]] == ["jobs[2].params.width"]
     assert count(sessions) == 0
 
 
@@ -206,6 +218,18 @@ def test_the_backlog_bounds_count_every_job_of_a_batch(make_app, sessions):
     assert count(sessions) == 0
     assert len(ids(post(client, [TEXT] * 3 + [VIDEO] * 2))) == 5
     assert assert_problem(submit(client), 503)["stage"] == "text"
+
+
+def test_the_image_backlog_counts_every_image_job_of_a_batch(make_app, sessions):
+    app = make_app(admission_max_image_backlog=2, admission_cache_s=0)
+    client = app.test_client()
+    assert assert_problem(post(client, [TEXT, IMAGE, IMAGE, IMAGE]), 503)["stage"] == "image"
+    assert count(sessions) == 0
+    assert len(ids(post(client, [IMAGE, TEXT, VIDEO, IMAGE]))) == 4  # exactly at the bound
+    assert assert_problem(submit(client, **IMAGE), 503)["stage"] == "image"  # a single submit sees them
+    assert len(ids(post(client, [TEXT, VIDEO]))) == 2  # the other stages still admit
+    metrics = client.get("/metrics").get_data(as_text=True)
+    assert 'reason="image_backlog"' in metrics and 'status="503"' in metrics
 
 
 def test_the_rate_limit_counts_the_request_once(tenant_client):
@@ -281,6 +305,29 @@ def test_every_job_of_a_batch_runs_through_the_pipeline_once(client, settings, s
         assert events(sessions, jid).count("job.succeeded") == 1
     text = client.get(f"/v1/jobs/{jids[0]}/content?variant=text")
     assert text.status_code == 200 and text.get_data(as_text=True)
+
+
+def test_a_batch_of_image_video_and_text_jobs_all_complete(client, settings, sessions):
+    two = IMAGE | {"params": IMAGE_SMALL | {"num_images": 2}}
+    jobs = [two, VIDEO, TEXT, IMAGE | {"prompt": "a barn"}]
+    jids = [uuid.UUID(j) for j in ids(post(client, jobs))]
+    with thread_workers(settings):
+        done = wait_all_done(sessions, jids)
+    assert [done[j].status for j in jids] == ["succeeded"] * 4
+    assert [done[j].modality for j in jids] == ["image", "video", "text", "image"]
+    # Each like its single submit: the image stage's columns for image jobs only.
+    assert [done[j].images_rendered for j in jids] == [2, None, None, 1]
+    assert done[jids[0]].image_model == "echo" and done[jids[1]].frames_rendered == 5
+    assert [done[j].stage for j in jids] == ["image", "video", "text", "image"]
+    first = client.get(f"/v1/jobs/{jids[0]}").get_json()
+    assert [i["index"] for i in first["outputs"]["images"]] == [0, 1]
+    png = client.get(first["outputs"]["images"][1]["png_url"])
+    assert (png.status_code, png.mimetype) == (200, "image/png")
+    video = client.get(f"/v1/jobs/{jids[1]}/content")
+    assert (video.status_code, video.mimetype) == (200, "video/mp4")
+    assert client.get(f"/v1/jobs/{jids[2]}/content").get_data(as_text=True)
+    for jid in jids:
+        assert events(sessions, jid).count("job.succeeded") == 1
 
 
 def test_identical_seeded_jobs_in_a_batch_share_one_computation(client, settings, sessions):
