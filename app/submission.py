@@ -4,6 +4,10 @@ A single submit is a batch of one through the same steps, so a job behaves the s
 way it came (params, cache, priorities, webhooks, quota). The expensive steps take the whole
 list at once: one quota round trip to Redis, one transaction with one multi-row INSERT, one
 broker connection and producer for every message.
+
+The steps, in order: `validate` (one item: its fields, its prompt's tokens), `prepare` (one item:
+the job row, its completed params, its cache key), then on the whole list the admission gate
+(app.admission: plan, backlog, quota), `record` (commit) and `publish`.
 """
 
 from __future__ import annotations
