@@ -17,7 +17,7 @@ import math
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -136,16 +136,25 @@ class Admission:
 
     # -- the whole gate ----------------------------------------------------------------------
 
-    def admit(self, who: Principal, jobs: Sequence[Job], batch: bool = False) -> None:
+    def admit(
+        self,
+        who: Principal,
+        jobs: Sequence[Job],
+        batch: bool = False,
+        models: Sequence[Mapping[str, str] | None] | None = None,
+    ) -> None:
         """Raise the error the client gets, or reserve a quota slot for each job (see release).
 
         Every job counts: a batch of n takes n of the backlog bounds and n quota slots, all or
-        none. `batch`: the fields of plan violations are named `jobs[i].<field>`.
+        none. `models`: per job, stage -> the model id it runs (complete, defaults included), which
+        the plan's allowed_models limits. `batch`: the fields of plan violations are named
+        `jobs[i].<field>`.
         """
         plan = Plan.effective(self.settings, who.plan_overrides)
         errors, limits = [], {}
         for i, job in enumerate(jobs):
-            for v in plan.violations(job.prompt, job.priority, job.params):
+            running = models[i] if models is not None else None
+            for v in plan.violations(job.prompt, job.priority, job.params, running):
                 errors.append({"field": f"jobs[{i}].{v.field}" if batch else v.field, "message": v.message})
                 limits[v.limit] = v.allowed
         if errors:

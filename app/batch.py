@@ -63,7 +63,7 @@ def submit_batch() -> Answer:
     subs = [submission.prepare(who, req, now) for req in reqs]
     jobs = [sub.job for sub in subs]
     gate = admission()
-    gate.admit(who, jobs, batch=True)  # 403/503/429 for the whole batch
+    gate.admit(who, jobs, batch=True, models=[sub.running for sub in subs])  # 403/503/429, all or none
     try:
         submission.record(subs, idem, batch=True)
     except IntegrityError:

@@ -15,6 +15,7 @@ import click
 
 from app.client_cli import jobs, run
 from app.keys_cli import keys, tenants
+from app.models_cli import models
 from app.usage_cli import usage
 from models import logs
 from models.settings import Settings
@@ -300,6 +301,7 @@ def flower(flower_args: tuple[str, ...]) -> None:
 main.add_command(keys)
 main.add_command(tenants)
 main.add_command(usage)
+main.add_command(models)
 main.add_command(run)  # the client commands (genqueue_client only)
 main.add_command(jobs)
 

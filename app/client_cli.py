@@ -81,6 +81,15 @@ def _params(pairs: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
+def _model(values: tuple[str, ...]) -> str | dict[str, str] | None:
+    """--model ID (the stage that makes the output) or --model STAGE=ID, repeated per stage."""
+    plain = [v for v in values if "=" not in v]
+    per_stage = dict(v.split("=", 1) for v in values if "=" in v)
+    if len(plain) > 1 or (plain and per_stage) or any(not k or not v for k, v in per_stage.items()):
+        raise click.UsageError("--model takes one ID, or STAGE=ID once per stage")
+    return plain[0] if plain else per_stage or None
+
+
 class Progress:
     """A bar per stage (the stage's name, the job's percent), moved by every event; one line
     per stage and the end when stderr is not a terminal."""
@@ -143,6 +152,8 @@ def _finish(client: gq.Client, job: gq.Job, out: Path | None, as_json: bool) -> 
 @click.option("--modality", type=click.Choice(["video", "text", "image"]), default="video", show_default=True)
 @click.option("--param", "params", multiple=True, metavar="KEY=VALUE", help="Job params, e.g. num_frames=17.")
 @click.option("--priority", type=click.Choice(["low", "normal", "high"]))
+@click.option("--model", "model", multiple=True, metavar="[STAGE=]ID",
+              help="The model to run (GET /v1/models): an ID, or STAGE=ID per stage.")  # fmt: skip
 @click.option(
     "--out",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -159,6 +170,7 @@ def run(
     modality: str,
     params: tuple[str, ...],
     priority: str | None,
+    model: tuple[str, ...],
     out: Path | None,
     idempotency_key: str | None,
     timeout: float | None,
@@ -167,7 +179,12 @@ def run(
 ) -> None:
     """Submit a job to a server, follow it to the end, and write its output (--out)."""
     job = client.submit(
-        prompt, modality, params=_params(params) or None, priority=priority, idempotency_key=idempotency_key
+        prompt,
+        modality,
+        params=_params(params) or None,
+        priority=priority,
+        model=_model(model),
+        idempotency_key=idempotency_key,
     )
     click.echo(f"job {job.id} {job.status}", err=True)
     bar = Progress(progress)

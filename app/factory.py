@@ -23,6 +23,7 @@ from app import (
     limits,
     media,
     metrics,
+    models_api,
     openapi,
     request_id,
     usage,
@@ -100,6 +101,7 @@ def create_app(
     app.register_blueprint(api_docs.bp)
     app.register_blueprint(webhooks.bp)
     app.register_blueprint(usage.bp)
+    app.register_blueprint(models_api.bp)
     app.register_blueprint(media.bp)
     wake_dispatch_on_commit(app.extensions[EXTENSION].sessions, app.extensions[EXTENSION].celery)
     return app

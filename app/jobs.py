@@ -35,6 +35,7 @@ from app.job_access import (
     model_of,
     queue_counts,
     queue_positions,
+    read_job,
     resource_of,
 )
 from app.metrics import hold_started
@@ -44,7 +45,7 @@ from app.services import extension, services
 from app.waiting import Waiters, prefer_wait
 from models import Job, JobStatus, logs
 from models.base import utcnow
-from models.db import read_only
+from models.db import read_only_connection
 from models.job import TERMINAL
 from models.media_links import image_count
 from models.resource import job_list
@@ -85,7 +86,7 @@ def submit() -> Answer:
     job = sub.job
     logs.bind(job_id=job.id)
     gate = admission()
-    gate.admit(who, [job])  # 403/503/429
+    gate.admit(who, [job], models=[sub.running])  # 403 (the plan limits the defaults too)/503/429
     try:
         submission.record([sub], idem)
     except IntegrityError:
@@ -137,8 +138,8 @@ def _conditional(resp: Response) -> Response:
 
 @bp.get("/jobs/<job_id:job_id>")
 def get_job(job_id: str) -> Response:
-    with read_only(services().sessions) as s:
-        resource = current_resource(s, load_job(s, job_id))
+    with read_only_connection(services().engine) as conn:
+        resource = current_resource(conn, read_job(conn, job_id))
     return _conditional(jsonify(resource))
 
 
@@ -191,26 +192,25 @@ def content(job_id: str) -> Response:
     svc = services()
     with svc.sessions() as s:
         job = load_job(s, job_id)
-    if job.data_removed_at is not None:
-        raise Gone(f"Job {job_id}'s outputs were removed (expired or deleted).")
+    # The query first, whatever the job's state: a malformed request is a 422 even on a deleted job.
     # An empty `?variant=` is invalid like any other value off the list, not the default.
     variant = request.args.get("variant", DEFAULT_VARIANT.get(job.modality, "text"))
+    errors = []
     if variant not in CONTENT_VARIANTS:
-        raise ValidationFailed(
-            errors=[{"field": "variant", "message": f"must be one of: {', '.join(CONTENT_VARIANTS)}"}]
-        )
+        errors.append({"field": "variant", "message": f"must be one of: {', '.join(CONTENT_VARIANTS)}"})
+    # `index` and `format` choose an image job's file; off the list they are invalid for any variant.
+    image_file, image_errors = image_query(request.args.get("index"), request.args.get("format"))
+    if errors or image_errors:
+        raise ValidationFailed(errors=errors + image_errors)
+    if job.data_removed_at is not None:
+        raise Gone(f"Job {job_id}'s outputs were removed (expired or deleted).")
     if variant == "text":
         if job.output_text is None:
             raise Conflict(
                 f"The job is {job.status}; its text is not ready.", extra={"job_status": job.status}
             )
         return _conditional(Response(job.output_text, mimetype="text/plain"))
-    if variant == "image":
-        file_variant, errors = image_query(request.args.get("index"), request.args.get("format"))
-        if file_variant is None:
-            raise ValidationFailed(errors=errors)
-    else:
-        file_variant = variant
+    file_variant = image_file if variant == "image" and image_file is not None else variant
     if not has_variant(job.modality, file_variant):
         raise NotFound(f"{'An' if job.modality == 'image' else 'A'} {job.modality} job has no {variant}.")
     if job.status != JobStatus.SUCCEEDED or not job.artifact_path:

@@ -100,6 +100,8 @@ def _plan_options(fn: Any) -> Any:
             option = click.option("--max-priority", type=click.Choice(["low", "normal", "high"]))
         elif name == "rate_limit":
             option = click.option("--rate-limit", help="Per key, e.g. '10/second;300/minute'.")
+        elif name == "allowed_models":
+            option = click.option("--allowed-models", help="Model ids, e.g. 'echo,video:wan-tiny'; '': all.")
         else:
             option = click.option(f"--{name.replace('_', '-')}", type=click.IntRange(min=0))
         fn = option(fn)

@@ -4,7 +4,8 @@ Each API key gets its plan's `rate_limit`, e.g. "100/second;3000/minute": a burs
 second and a sustained rate over a minute, as a sliding window counter (the current and
 the previous window's counts, weighted: no double burst at window edges, O(1) in Redis).
 Every limited response carries RateLimit-Limit / -Remaining / -Reset (seconds, as the IETF
-draft has it) and RateLimit-Policy; a 429 also carries Retry-After.
+draft has it) and RateLimit-Policy; a 429 also carries Retry-After. In Redis each limit's hit
+returns the window it leaves (app.limit_storage), so the headers cost no second round trip.
 If Redis is unreachable the limiter lets requests through (and logs): a limiter outage
 must not become an API outage.
 """
@@ -18,6 +19,7 @@ import time
 from flask import Flask, Response, g, request
 from flask_limiter import Limiter, RequestLimit
 
+from app import limit_storage
 from models.plans import Plan
 from models.settings import Settings
 
@@ -39,8 +41,10 @@ def init_app(app: Flask, settings: Settings) -> Limiter:
         return Plan.effective(settings, principal.plan_overrides if principal else None).rate_limit
 
     uri = settings.ratelimit_storage_uri
+    if uri.startswith(("redis://", "rediss://")) and settings.ratelimit_strategy == "sliding-window-counter":
+        uri = limit_storage.SCHEME + uri  # each hit returns its window: the headers need no read
     redis_options: dict[str, str | int] = {"socket_timeout": 1, "socket_connect_timeout": 1}
-    options = redis_options if uri.startswith("redis") else {}
+    options = redis_options if uri.startswith(("redis", limit_storage.SCHEME)) else {}
     limiter = Limiter(
         _key,
         app=app,

@@ -12,6 +12,7 @@ from app.downloads import CONTENT_VARIANTS
 from app.errors import Problem
 from app.events_openapi import paths as events_paths
 from app.health import Health, Ready
+from app.models_api import ModelList
 from app.openapi_examples import TAGS, add_examples, add_tags
 from app.openapi_parts import REF, json_answer, op, param, problems, ref
 from app.schemas import BATCH_MAX, JobBatchCreate, job_create_adapter
@@ -19,6 +20,7 @@ from app.services import extension
 from models.events import JobEvent, JobEventList
 from models.media_links import IMAGE_FORMATS, VARIANTS
 from models.resource import Job, JobBatch, JobList
+from models.settings import Settings
 from models.usage import Usage
 
 bp = Blueprint("openapi", __name__)
@@ -27,10 +29,11 @@ RESPONSES: tuple[type[BaseModel], ...] = (
     *(Job, JobList, JobBatch, Problem, Health, Ready, Usage),
     *webhook_resources.MODELS,
     *(JobEvent, JobEventList),
+    ModelList,
 )
 
 
-def _schemas() -> dict[str, Any]:
+def _schemas(settings: Settings) -> dict[str, Any]:
     """Every named schema, with pydantic's $defs hoisted into components."""
     out: dict[str, Any] = {}
     named: list[tuple[str, Any, Literal["validation", "serialization"]]] = [
@@ -44,6 +47,7 @@ def _schemas() -> dict[str, Any]:
         out.update(schema.pop("$defs", {}))
         out[name] = schema
     openapi_rules.tighten(out)
+    openapi_rules.model_choices(out, settings)
     return out
 
 
@@ -125,127 +129,144 @@ def _paths() -> dict[str, Any]:
             "GetJobEvents": {"operationId": "getJobEvents", **job_link},
         }
     submit["requestBody"] = {"required": True, "content": {"application/json": {"schema": ref("JobCreate")}}}
-    paths = webhooks_openapi.paths() | events_paths() | {
-        "/v1/jobs": {
-            "post": submit,
-            "get": op(
-                "listJobs",
-                "List jobs, newest first",
-                {"200": json_answer("JobList", "A page of jobs"), **problems(422)},
-                *listing,
-            ),
-        },
-        "/v1/jobs/{job_id}": {
-            "get": op(
-                "getJob",
-                "Get a job",
-                {
-                    "200": json_answer("Job", "The job", {"ETag": {"schema": text}}),
-                    "304": {"description": "Not modified"},
-                    **problems(404),
-                },
-                job_id,
-                param("If-None-Match", "header", text),
-            ),
-            "delete": op(
-                "deleteJob",
-                "Delete a job's data (idempotent): cancel it if active, remove its outputs, prompt and "
-                "files; the job stays listed, `data_removed: true`, and counts in usage",
-                {"204": {"description": "Deleted (now or before)"}, **problems(404)},
-                job_id,
-            ),
-        },
-        "/v1/jobs/{job_id}/cancel": {
-            "post": op(
-                "cancelJob",
-                "Cancel a job (idempotent)",
-                {"200": json_answer("Job", "Canceled (now or before)"), **problems(404, 409)},
-                job_id,
-            )
-        },
-        "/v1/jobs/{job_id}/content": {
-            "get": op(
-                "getJobContent",
-                "Download the job's text, video, image or thumbnail",
-                {
-                    "200": {"description": "The bytes", "content": binary},
-                    "206": {
-                        "description": "Partial content (Range)",
-                        "content": binary,
-                        "headers": {"Content-Range": {"schema": text}},
+    paths = (
+        webhooks_openapi.paths()
+        | events_paths()
+        | {
+            "/v1/jobs": {
+                "post": submit,
+                "get": op(
+                    "listJobs",
+                    "List jobs, newest first",
+                    {"200": json_answer("JobList", "A page of jobs"), **problems(422)},
+                    *listing,
+                ),
+            },
+            "/v1/jobs/{job_id}": {
+                "get": op(
+                    "getJob",
+                    "Get a job",
+                    {
+                        "200": json_answer("Job", "The job", {"ETag": {"schema": text}}),
+                        "304": {"description": "Not modified"},
+                        **problems(404),
                     },
-                    "304": {"description": "Not modified"},
-                    **problems(404, 409, 410, 422),
-                    **unsatisfiable,
-                },
-                job_id,
-                variant,
-                image_index,
-                image_format,
-                param("Range", "header", text),
-            )
-        },
-        "/v1/usage": {
-            "get": op(
-                "getUsage",
-                "The calling tenant's usage: jobs by outcome, GPU seconds, tokens, frames, cache hits",
-                {"200": json_answer("Usage", "Usage of the jobs submitted in the window"), **problems(422)},
-                *openapi_rules.usage_params(),
-            )
-        },
-        "/v1/media/{job_id}/{variant}": {"get": _media(job_id, signed_variants, binary, unsatisfiable)},
-        "/v1/health": {
-            "get": op("health", "Liveness", {"200": json_answer("Health", "Alive")}, db=False, auth=False)
-        },
-        "/v1/ready": {
-            "get": op(
-                "ready", "Readiness: database and broker", {"200": json_answer("Ready", "Ready")}, auth=False
-            )
-        },
-        "/openapi.json": {
-            "get": op(
-                "openapi", "This document", {"200": {"description": "OpenAPI 3.1"}}, db=False, auth=False
-            )
-        },
-        "/docs": {
-            "get": op(
-                "docs",
-                "API reference for humans (this page)",
-                {"200": {"description": "HTML", "content": {"text/html": {}}}},
-                db=False,
-                auth=False,
-            )
-        },
-        "/docs/assets/{name}": {
-            "get": op(
-                "docsAsset",
-                "A stylesheet or script of /docs (cached for a year: the URL carries its version)",
-                {
-                    "200": {
-                        "description": "The file",
-                        "content": {"text/css": {}, "text/javascript": {}},
-                        "headers": {"Cache-Control": {"schema": text}, "ETag": {"schema": text}},
+                    job_id,
+                    param("If-None-Match", "header", text),
+                ),
+                "delete": op(
+                    "deleteJob",
+                    "Delete a job's data (idempotent): cancel it if active, remove its outputs, prompt and "
+                    "files; the job stays listed, `data_removed: true`, and counts in usage",
+                    {"204": {"description": "Deleted (now or before)"}, **problems(404)},
+                    job_id,
+                ),
+            },
+            "/v1/jobs/{job_id}/cancel": {
+                "post": op(
+                    "cancelJob",
+                    "Cancel a job (idempotent)",
+                    {"200": json_answer("Job", "Canceled (now or before)"), **problems(404, 409)},
+                    job_id,
+                )
+            },
+            "/v1/jobs/{job_id}/content": {
+                "get": op(
+                    "getJobContent",
+                    "Download the job's text, video, image or thumbnail",
+                    {
+                        "200": {"description": "The bytes", "content": binary},
+                        "206": {
+                            "description": "Partial content (Range)",
+                            "content": binary,
+                            "headers": {"Content-Range": {"schema": text}},
+                        },
+                        "304": {"description": "Not modified"},
+                        **problems(404, 409, 410, 422),
+                        **unsatisfiable,
                     },
-                    "304": {"description": "Not modified"},
-                    **problems(404),
-                },
-                param("name", "path", {"type": "string", "enum": list(api_docs.ASSETS)}),
-                param("v", "query", text, "The assets' version; any value serves the same file."),
-                param("If-None-Match", "header", text),
-                db=False,
-                auth=False,
-            )
-        },
-        "/metrics": {
-            "get": op(
-                "metrics",
-                "Prometheus metrics",
-                {"200": {"description": "Prometheus text format", "content": {"text/plain": {}}}},
-                db=False,
-                auth=False,
-            )
-        },
-    }
+                    job_id,
+                    variant,
+                    image_index,
+                    image_format,
+                    param("Range", "header", text),
+                )
+            },
+            "/v1/usage": {
+                "get": op(
+                    "getUsage",
+                    "The calling tenant's usage: jobs by outcome, GPU seconds, tokens, frames, cache hits",
+                    {
+                        "200": json_answer("Usage", "Usage of the jobs submitted in the window"),
+                        **problems(422),
+                    },
+                    *openapi_rules.usage_params(),
+                )
+            },
+            "/v1/models": {
+                "get": op(
+                    "listModels",
+                    "The models a job may name (`model`): stage, default, params, version, queue, warm",
+                    {"200": json_answer("ModelList", "Every configured model")},
+                )
+            },
+            "/v1/media/{job_id}/{variant}": {"get": _media(job_id, signed_variants, binary, unsatisfiable)},
+            "/v1/health": {
+                "get": op("health", "Liveness", {"200": json_answer("Health", "Alive")}, db=False, auth=False)
+            },
+            "/v1/ready": {
+                "get": op(
+                    "ready",
+                    "Readiness: database and broker",
+                    {"200": json_answer("Ready", "Ready")},
+                    auth=False,
+                )
+            },
+            "/openapi.json": {
+                "get": op(
+                    "openapi", "This document", {"200": {"description": "OpenAPI 3.1"}}, db=False, auth=False
+                )
+            },
+            "/docs": {
+                "get": op(
+                    "docs",
+                    "API reference for humans (this page)",
+                    {"200": {"description": "HTML", "content": {"text/html": {}}}},
+                    db=False,
+                    auth=False,
+                )
+            },
+            "/docs/assets/{name}": {
+                "get": op(
+                    "docsAsset",
+                    "A stylesheet or script of /docs (cached for a year: the URL carries its version)",
+                    {
+                        "200": {
+                            "description": "The file",
+                            "content": {"text/css": {}, "text/javascript": {}},
+                            "headers": {"Cache-Control": {"schema": text}, "ETag": {"schema": text}},
+                        },
+                        "304": {"description": "Not modified"},
+                        **problems(404),
+                    },
+                    param("name", "path", {"type": "string", "enum": list(api_docs.ASSETS)}),
+                    param("v", "query", text, "The assets' version; any value serves the same file."),
+                    param("If-None-Match", "header", text),
+                    db=False,
+                    auth=False,
+                )
+            },
+            "/metrics": {
+                "get": op(
+                    "metrics",
+                    "Prometheus metrics",
+                    {"200": {"description": "Prometheus text format", "content": {"text/plain": {}}}},
+                    db=False,
+                    auth=False,
+                )
+            },
+        }
+    )
     paths["/v1/jobs/batch"] = {"post": _batch(submit["parameters"][0])}
     add_examples(paths)
     add_tags(paths)
@@ -329,7 +350,7 @@ def _media(job_id: Any, variants: Any, binary: Any, unsatisfiable: Any) -> Any:
     return operation
 
 
-def build_spec(base_url: str = "") -> dict[str, Any]:
+def build_spec(settings: Settings, base_url: str = "") -> dict[str, Any]:
     spec: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {
@@ -343,7 +364,7 @@ def build_spec(base_url: str = "") -> dict[str, Any]:
         "tags": TAGS,
         "paths": _paths(),
         "components": {
-            "schemas": _schemas(),
+            "schemas": _schemas(settings),
             "securitySchemes": {
                 "bearerAuth": {
                     "type": "http",
@@ -362,7 +383,8 @@ def build_spec(base_url: str = "") -> dict[str, Any]:
 def _spec() -> dict[str, Any]:
     ext = current_app.extensions
     if "genqueue.openapi" not in ext:  # built on first request, not at import or app creation
-        ext["genqueue.openapi"] = build_spec(ext["genqueue"].settings.public_base_url.rstrip("/"))
+        settings = ext["genqueue"].settings
+        ext["genqueue.openapi"] = build_spec(settings, settings.public_base_url.rstrip("/"))
     return extension("genqueue.openapi", dict)
 
 

@@ -21,6 +21,14 @@ SUBMIT = {
             "metadata": {"order": "A-1021"},
         },
     },
+    "video_model": {
+        "summary": "A video job naming its models (GET /v1/models)",
+        "value": {
+            "prompt": "a cat dancing on the moon",
+            "modality": "video",
+            "model": {"text": "smollm2", "video": "wan-tiny"},
+        },
+    },
     "image": {
         "summary": "Two images of one prompt",
         "value": {
@@ -85,6 +93,10 @@ QUEUED_JOB: dict[str, Any] = {
     "error": None,
     "attempts": 0,
     "degraded": None,
+    "models": {
+        "text": {"asked": None, "id": None, "version": None},
+        "video": {"asked": None, "id": None, "version": None},
+    },
     "cached": False,
     "source_job_id": None,
     "timings": _TIMINGS_QUEUED,
@@ -109,6 +121,10 @@ SUCCEEDED_JOB: dict[str, Any] = QUEUED_JOB | {
         "images": None,
     },
     "attempts": 1,
+    "models": {
+        "text": {"asked": None, "id": "smollm2", "version": "1.0.0"},
+        "video": {"asked": None, "id": "wan-tiny", "version": "0.35.1"},
+    },
     "timings": {
         "created_at": "2026-12-02T03:00:00Z",
         "started_at": "2026-12-02T03:00:01Z",
@@ -160,6 +176,7 @@ PROBLEMS: dict[int, dict[str, Any]] = {
 TAGS = [
     {"name": "Jobs", "description": "Submit generation jobs, follow them, fetch what they made."},
     {"name": "Webhooks", "description": "Be told when a job changes state (signed, retried)."},
+    {"name": "Models", "description": "The models a job may name, and whether they are loaded."},
     {"name": "Usage", "description": "What the tenant's jobs used: outcomes, GPU seconds, tokens, frames."},
     {"name": "Service", "description": "Health, metrics and this reference; no API key needed."},
 ]
@@ -172,6 +189,7 @@ def add_tags(paths: dict[str, Any]) -> None:
             "Webhooks" if "webhook" in path
             else "Jobs" if path.startswith(("/v1/jobs", "/v1/media"))
             else "Usage" if path.startswith("/v1/usage")
+            else "Models" if path.startswith("/v1/models")
             else "Service"
         )  # fmt: skip
         for op in ops.values():

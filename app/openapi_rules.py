@@ -5,6 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from app.schemas import ListQuery, UsageQuery
+from models import catalog
+from models.job import Modality
+from models.settings import Settings
+from tasks.contract.stages import PIPELINES
 
 # Regexes are written with \\u escapes: ECMA-262 (the document's dialect) and Python's re read them
 # alike. Lone surrogates (Cs, which the validators also refuse or remove) are left out of them: they
@@ -100,3 +104,28 @@ def tighten(schemas: dict[str, Any]) -> None:
     for name in ("WebhookSubscription", "EndpointCreate"):
         _url(schemas[name]["properties"]["url"])
     _alt(schemas["EndpointCreate"]["properties"]["description"], "string")["pattern"] = NO_CONTROL_PATTERN
+
+
+def model_choices(schemas: dict[str, Any], settings: Settings) -> None:
+    """A job's `model` as the catalog allows it (app.model_choice): the configured ids of the job's
+    own stages, listed, so a schema-valid request names no unknown model."""
+    ids: dict[str, list[str]] = {}
+    for m in catalog.configured(settings):
+        ids.setdefault(m.stage, []).append(m.id)
+    for schema in schemas.values():
+        modality = schema.get("properties", {}).get("modality", {}).get("const")
+        if modality not in set(Modality) or "model" not in schema["properties"]:
+            continue
+        stages = [str(s) for s in PIPELINES[Modality(modality)]]
+        prop = schema["properties"]["model"]
+        one = {"type": "string", "enum": ids.get(stages[-1], []), "description": f"A {stages[-1]} model id."}
+        each = {
+            "type": "object",
+            "properties": {s: {"type": "string", "enum": ids.get(s, [])} for s in stages},
+            "additionalProperties": False,
+        }
+        schema["properties"]["model"] = {
+            "anyOf": [one, each, {"type": "null"}],
+            "default": None,
+            "description": prop.get("description", ""),
+        }

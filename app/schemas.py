@@ -11,7 +11,7 @@ from __future__ import annotations
 import secrets
 import unicodedata
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     BaseModel,
@@ -22,12 +22,14 @@ from pydantic import (
     TypeAdapter,
     ValidationError,
     ValidationInfo,
+    ValidatorFunctionWrapHandler,
     field_validator,
 )
 from pydantic_core import PydanticCustomError
 
 from app.body import StorableStr
 from app.webhook_schemas import WebhookSubscription
+from models.catalog import StageName
 from models.media_links import MAX_IMAGES
 from models.settings import Settings
 from models.usage import parse_time
@@ -100,16 +102,40 @@ MetaKey = Annotated[StorableStr, StringConstraints(min_length=1, max_length=META
 MetaValue = Annotated[StorableStr, StringConstraints(max_length=METADATA_MAX_CHARS)]
 
 
+ModelId = Annotated[str, StringConstraints(min_length=1, max_length=255)]
+
+
 class JobCreateBase(Strict):
     prompt: str = Field(min_length=1, json_schema_extra={"maxLength": PROMPT_MAX_CHARS})
     priority: Literal["high", "normal", "low"] | None = "normal"
     metadata: dict[MetaKey, MetaValue] | None = Field(None, max_length=METADATA_MAX_KEYS)
     webhook: WebhookSubscription | None = None
+    model: ModelId | dict[StageName, ModelId] | None = Field(
+        None,
+        description="The model to run (an id from GET /v1/models): one id for the stage that makes "
+        "the job's output (a video job's video stage, an image job's image stage), or an object "
+        "naming a model per stage, e.g. "
+        '`{"text": "echo", "video": "wan-tiny"}`. Omitted stages run their default model.',
+    )
     cache: bool | None = Field(
         True,
         description="Reuse an identical job's result (same prompt, params with a given seed, models); "
         "false always computes.",
     )
+
+    @field_validator("model", mode="wrap")
+    @classmethod
+    def _one_model_error(cls, v: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        # The union's members would each report (`model.str`, `model.dict[...]`): one error instead.
+        # Which ids exist is app.model_choice's check, against the configured catalog.
+        try:
+            return handler(v)
+        except ValidationError:
+            raise PydanticCustomError(
+                "model",
+                "must be a model id, or an object of stage: model id (stages: {stages})",
+                {"stages": ", ".join(get_args(StageName))},
+            ) from None
 
     @field_validator("prompt")
     @classmethod

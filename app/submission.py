@@ -5,9 +5,9 @@ way it came (params, cache, priorities, webhooks, quota). The expensive steps ta
 list at once: one quota round trip to Redis, one transaction with one multi-row INSERT, one
 broker connection and producer for every message.
 
-The steps, in order: `validate` (one item: its fields, its prompt's tokens), `prepare` (one item:
-the job row, its completed params, its cache key), then on the whole list the admission gate
-(app.admission: plan, backlog, quota), `record` (commit) and `publish`.
+The steps, in order: `validate` (one item: its fields, its prompt's tokens, its models), `prepare`
+(one item: the job row, its completed params, its models, its cache key), then on the whole list
+the admission gate (app.admission: plan, backlog, quota), `record` (commit) and `publish`.
 """
 
 from __future__ import annotations
@@ -24,9 +24,12 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from app.admission import Admission
-from app.errors import ServiceUnavailable
+from app.errors import ServiceUnavailable, ValidationFailed
 from app.idempotency import Idempotency
 from app.job_access import published_marks, queue_counts
+from app.model_choice import choose as choose_models
+from app.model_choice import resolved as resolved_models
+from app.models_api import model_swaps
 from app.prompt_check import PromptCheck
 from app.schemas import AnyJobCreate, complete_params, field_errors, parse_job
 from app.services import extension, services
@@ -34,6 +37,7 @@ from models import Job, JobStatus, cache, states
 from models.db import autocommit, transaction
 from models.job import TERMINAL
 from models.keys import Principal
+from models.settings import Settings
 from tasks.contract.publish import publish_jobs
 from tasks.contract.transient import is_transient
 
@@ -57,6 +61,11 @@ def _field(at: str, field: str) -> str:
     return at if field == "body" else f"{at}.{field}"
 
 
+def catalog() -> Settings:
+    """The settings with the hot swaps in effect: the models a new job may name and will run."""
+    return model_swaps().effective(services().settings)
+
+
 def validate(body: Any, at: str = "") -> tuple[Request | None, FieldErrors]:
     """The job request in `body`, or the errors naming its fields (inside `at`, for a batch item)."""
     try:
@@ -65,6 +74,10 @@ def validate(body: Any, at: str = "") -> tuple[Request | None, FieldErrors]:
         return None, [{**e, "field": _field(at, e["field"])} for e in field_errors(exc, body)]
     if (too_long := prompt_check().error(req.prompt)) is not None:  # the worker would refuse it
         return None, [{"field": _field(at, "prompt"), "message": too_long}]
+    try:
+        choose_models(catalog(), req.modality, req.model)  # an unknown model or stage
+    except ValidationFailed as exc:
+        return None, [{**e, "field": _field(at, e["field"])} for e in exc.errors or []]
     return req, []
 
 
@@ -72,12 +85,15 @@ def validate(body: Any, at: str = "") -> tuple[Request | None, FieldErrors]:
 class Submission:
     job: Job  # transient, fully populated: written by one Core INSERT
     cache_key: str | None  # set when the result cache is looked up for it
+    running: dict[str, str]  # stage -> the model id it runs, defaults included (plan allowed_models)
 
 
 def prepare(who: Principal, req: Request, now: datetime) -> Submission:
-    """The job row a request becomes: a new id, params completed (a seed drawn if omitted)."""
-    settings = services().settings
+    """The job row a request becomes: a new id, params completed (a seed drawn if omitted), the
+    models it named per stage (validate checked them), its cache key over those models' versions."""
+    settings, models_in = services().settings, catalog()
     params = complete_params(req, settings)
+    models = choose_models(models_in, req.modality, req.model)
     job = Job(
         id=uuid.uuid4(),
         tenant_id=who.tenant_id,
@@ -85,6 +101,9 @@ def prepare(who: Principal, req: Request, now: datetime) -> Submission:
         modality=req.modality,
         prompt=req.prompt,
         params=params,
+        # Set on every job, even one naming no model: a batch's multi-row INSERT takes its
+        # columns from the first job (states.insert_many).
+        models={stage: {"asked": model_id} for stage, model_id in models.items()},
         priority=req.priority or "normal",
         meta=req.metadata or {},
         webhook=req.webhook.model_dump(exclude_none=True) if req.webhook else None,
@@ -97,8 +116,9 @@ def prepare(who: Principal, req: Request, now: datetime) -> Submission:
     )
     seeded = req.params is not None and req.params.seed is not None  # the same seed, the same output
     cacheable = settings.cache_enabled and req.cache is not False and seeded
-    key = cache.cache_key(settings, job.modality, job.prompt, params) if cacheable else None
-    return Submission(job, key)
+    # The key covers the versions that will run: the catalog with the hot swaps in effect.
+    key = cache.cache_key(models_in, job.modality, job.prompt, params, models) if cacheable else None
+    return Submission(job, key, resolved_models(models_in, models))
 
 
 def record(subs: Sequence[Submission], idem: Idempotency | None, batch: bool = False) -> None:

@@ -2,9 +2,10 @@
 
 Both against the same gunicorn in the same run, single submits first (the baseline), then
 batches. Server CPU is read from /proc for every process that serves a submit: the gunicorn
-workers, this database's Postgres backends (pg_stat_activity) and a private redis-server (the
-broker, rate limiter and quota store, so its CPU is this benchmark's alone). It is far less
-sensitive to a busy machine than the rates.
+workers, Postgres (a cluster of the run's own when pg_ctl is installed, else this database's
+backends on the shared server) and a private redis-server (the broker, rate limiter and quota
+store), so it is this benchmark's alone (bench.common). It is far less sensitive to a busy
+machine than the rates.
 
     PYTHONPATH=$PWD python -m bench.batch_submit [--batch 500] [--duration 10]
 """
@@ -27,15 +28,18 @@ from bench.common import (
     Result,
     auth_headers,
     bench_key,
-    free_port,
+    cluster_cpu_seconds,
+    cpu_seconds,
     gunicorn,
     machine,
+    pg_backends,
     print_results,
+    private_postgres,
+    private_redis,
     run_load,
-    spawn,
     temp_database,
-    wait_until,
 )
+from tests.support.procs import pg_bin
 
 JOB = {
     "prompt": "a red fox running through fresh snow",
@@ -45,55 +49,14 @@ JOB = {
 
 
 @contextmanager
-def private_redis() -> Iterator[tuple[str, psutil.Process]]:
-    """A throwaway redis-server on a free port: its CPU is this benchmark's alone."""
-    import redis
-
-    port = free_port()
-    args = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    with spawn(args, dict(os.environ), "redis") as proc:
-        url = f"redis://127.0.0.1:{port}/0"
-        wait_until(lambda: _pings(redis.Redis.from_url(url)), 10, "redis-server")
-        yield url, psutil.Process(proc.popen.pid)
-
-
-def _pings(client: object) -> bool:
-    try:
-        return bool(client.ping())  # type: ignore[attr-defined]
-    except Exception:
-        return False
-
-
-def _backends(db_url: str) -> list[psutil.Process]:
-    """The Postgres server processes serving connections to this benchmark's database."""
-    from sqlalchemy import create_engine, text
-
-    name = db_url.rsplit("/", 1)[1]
-    engine = create_engine(db_url)
-    with engine.connect() as conn:
-        pids = conn.scalars(
-            text("SELECT pid FROM pg_stat_activity WHERE datname = :d AND pid <> pg_backend_pid()"),
-            {"d": name},
-        ).all()
-    engine.dispose()
-    out = []
-    for pid in pids:
-        try:
-            out.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            pass
-    return out
-
-
-def _cpu(procs: Sequence[psutil.Process]) -> dict[int, float]:
-    out = {}
-    for p in procs:
-        try:
-            t = p.cpu_times()
-            out[p.pid] = t.user + t.system
-        except psutil.Error:  # a backend that ended meanwhile: its CPU is lost (rare, small)
-            pass
-    return out
+def _postgres() -> Iterator[tuple[str, psutil.Process | None]]:
+    """The run's own cluster (its postmaster) when pg_ctl is installed, else a scratch database."""
+    if pg_bin() is not None:
+        with private_postgres() as (url, postmaster):
+            yield url, postmaster
+    else:
+        with temp_database() as url:
+            yield url, None
 
 
 @dataclass
@@ -129,19 +92,17 @@ def _measure(
     jobs_per_request: int,
     concurrency: int,
     args: argparse.Namespace,
-    servers: Callable[[], dict[str, list[psutil.Process]]],
+    servers: Callable[[], dict[str, float]],
     headers: dict[str, str],
 ) -> Measured:
     def request(_n: int) -> tuple[str, str, object]:
         return "POST", url, body
 
     run_load(request, concurrency=concurrency, duration=args.warmup, headers=headers)
-    procs = servers()  # after the warm-up: the pools' backends exist now
-    before = {part: _cpu(ps) for part, ps in procs.items()}
+    before = servers()  # after the warm-up: the pools' backends exist now
     load = run_load(request, concurrency=concurrency, duration=args.duration, headers=headers)
-    after = {part: _cpu(ps) for part, ps in servers().items()}
-    # A process that started during the run (a pool's new connection) counts from zero.
-    cpu = {part: sum(t - before[part].get(pid, 0.0) for pid, t in after[part].items()) for part in after}
+    after = servers()
+    cpu = {part: after[part] - before[part] for part in after}
     if load.errors:
         raise RuntimeError(f"{name}: {load.errors} requests failed: {load.statuses}")
     measured = Measured(
@@ -159,7 +120,7 @@ def run(args: argparse.Namespace) -> list[Result]:
         f"at {args.concurrency}, {args.duration:g} s each; {machine()}"
     )
     with (
-        temp_database() as db_url,
+        _postgres() as (db_url, postmaster),
         private_redis() as (redis_url, redis_proc),
         tempfile.TemporaryDirectory(prefix="gq-bench-") as artifacts,
     ):
@@ -169,8 +130,18 @@ def run(args: argparse.Namespace) -> list[Result]:
         headers = auth_headers(bench_key(db_url)) | {"Content-Type": "application/json"}
         with gunicorn("app:create_app()", env, probe="/v1/health") as (base, web):
 
-            def servers() -> dict[str, list[psutil.Process]]:
-                return {"web": web.children(), "postgres": _backends(db_url), "redis": [redis_proc]}
+            def servers() -> dict[str, float]:
+                """CPU seconds so far of each server behind the submits."""
+                pg = (
+                    cluster_cpu_seconds(postmaster)
+                    if postmaster is not None
+                    else cpu_seconds(pg_backends(db_url))
+                )
+                return {
+                    "web": cpu_seconds(web.children()),
+                    "postgres": pg,
+                    "redis": cpu_seconds([redis_proc]),
+                }
 
             single = json.dumps(JOB).encode()
             batch = json.dumps({"jobs": [JOB] * args.batch}).encode()

@@ -128,6 +128,83 @@ def temp_redis_db() -> Iterator[str]:
         leases.delete(LEASE_KEY.format(n))
 
 
+@contextlib.contextmanager
+def private_redis() -> Iterator[tuple[str, psutil.Process]]:
+    """A throwaway redis-server on a free port (no persistence), so its CPU is this run's alone."""
+    port = free_port()
+    popen = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        wait_until(lambda: _listens(port), 10, f"redis-server on port {port}")
+        yield f"redis://127.0.0.1:{port}/0", psutil.Process(popen.pid)
+    finally:
+        popen.terminate()
+        popen.wait(10)
+
+
+def _listens(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def private_postgres() -> Iterator[tuple[str, psutil.Process]]:
+    """A Postgres cluster of the run's own (tests.support.procs, pg_ctl; fsync off), migrated;
+    yields its URL and its postmaster, whose tree's CPU (cluster_cpu_seconds) is the run's."""
+    from models.migrate import upgrade
+    from tests.support.procs import PostgresServer
+
+    server = PostgresServer().init().start()
+    try:
+        upgrade(server.url)
+        pid = int((server.data / "postmaster.pid").read_text().split()[0])
+        yield server.url, psutil.Process(pid)
+    finally:
+        with contextlib.suppress(subprocess.CalledProcessError):
+            server.stop()
+        server.remove()
+
+
+def cluster_cpu_seconds(postmaster: psutil.Process) -> float:
+    """CPU of a Postgres cluster so far: the postmaster, its live backends, and the exited ones
+    (reaped children's time accrues to the postmaster: short-lived overflow connections count)."""
+    own = postmaster.cpu_times()
+    total = own.user + own.system + own.children_user + own.children_system
+    return total + cpu_seconds(postmaster.children())
+
+
+def pg_backends(db_url: str) -> list[psutil.Process]:
+    """The Postgres server processes serving `db_url`'s database now (one per open connection)."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.pool import NullPool
+
+    engine = create_engine(db_url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            pids = (
+                conn.execute(
+                    text(
+                        "SELECT pid FROM pg_stat_activity"
+                        " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                    )
+                )
+                .scalars()
+                .all()
+            )
+    finally:
+        engine.dispose()
+    out = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            out.append(psutil.Process(pid))
+    return out
+
+
 # Admission bounds high enough that no throughput benchmark ever meets them (bench/overload.py
 # sets its own low ones on purpose): a benchmark measures the path, not the 503 shortcut.
 NO_ADMISSION_LIMITS = {
@@ -255,8 +332,13 @@ def rss_mb(procs: Sequence[psutil.Process]) -> float:
 
 
 def cpu_seconds(procs: Sequence[psutil.Process]) -> float:
-    """User + system CPU the given processes have used so far."""
-    return sum(t.user + t.system for t in (p.cpu_times() for p in procs))
+    """User + system CPU the given processes have used so far (0 for one that has exited)."""
+    total = 0.0
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            t = p.cpu_times()
+            total += t.user + t.system
+    return total
 
 
 # --- load client ---------------------------------------------------------------------------------
@@ -271,11 +353,18 @@ class Load:
     errors: int = 0
     statuses: dict[int, int] = field(default_factory=dict)
     server_cpu: float = 0.0  # CPU seconds the server's workers used meanwhile, when measured
+    backend_cpu: float = 0.0  # CPU seconds of its Postgres backends and redis-server meanwhile
 
     @property
     def cpu_ms(self) -> float:
         """Server CPU per completed request: far less sensitive than rates to a busy machine."""
         return 1000 * self.server_cpu / len(self.latencies) if self.latencies else float("nan")
+
+    @property
+    def all_cpu_ms(self) -> float:
+        """Web workers + Postgres backends + redis-server CPU per completed request."""
+        total = self.server_cpu + self.backend_cpu
+        return 1000 * total / len(self.latencies) if self.latencies else float("nan")
 
     @property
     def rate(self) -> float:
@@ -288,7 +377,8 @@ class Load:
         return (
             f"{len(self.latencies)} ok, {self.errors} failed in {self.elapsed:.1f} s: "
             f"{self.rate:.0f} req/s, p50 {self.p(50):.1f} ms, p99 {self.p(99):.1f} ms, "
-            f"server CPU {self.cpu_ms:.2f} ms/req, statuses {self.statuses}"
+            f"web CPU {self.cpu_ms:.2f} ms/req, server CPU (web + Postgres + Redis) "
+            f"{self.all_cpu_ms:.2f} ms/req, statuses {self.statuses}"
         )
 
 

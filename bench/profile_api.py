@@ -13,8 +13,10 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.api import JOB, servers
+from bench.api import JOB, _fill, _seed, servers
 from bench.common import run_load
+
+_OWN = ("(app/", "/app/", "(models/", "/models/")
 
 
 def _top(collapsed: Path, limit: int, own_code: bool) -> list[tuple[float, str]]:
@@ -25,7 +27,8 @@ def _top(collapsed: Path, limit: int, own_code: bool) -> list[tuple[float, str]]
         stack, _, count = line.rpartition(" ")
         n = int(count)
         samples += n
-        frames = {f for f in stack.split(";") if not own_code or "/app/" in f or "/models/" in f}
+        # py-spy names this checkout's files relative to it ("(app/jobs.py:230)"), others absolute.
+        frames = {f for f in stack.split(";") if not own_code or any(d in f for d in _OWN)}
         for frame in frames:
             totals[frame] += n
     return [(100 * n / samples, frame) for frame, n in totals.most_common(limit)] if samples else []
@@ -53,21 +56,33 @@ def run(args: argparse.Namespace) -> None:
                 return "POST", genqueue + "/v1/jobs/batch", batch
 
         else:
-            import httpx
+            import random
 
-            first = httpx.post(genqueue + "/v1/jobs", json=JOB, headers=srv.headers)
-            assert first.status_code == 202, f"could not submit a job to poll: {first.text}"
-            job_id = first.json()["id"]
+            _fill(srv.db_url, args.fill)
+            ids = _seed(srv.db_url, 100)  # polled at random, behind the --fill older ones
+            rng = random.Random(1)
 
             def request(_n: int) -> tuple[str, str, object]:
-                return "GET", f"{genqueue}/v1/jobs/{job_id}", None
+                return "GET", f"{genqueue}/v1/jobs/{rng.choice(ids)}", None
 
         run_load(request, duration=1.0, headers=srv.headers, concurrency=concurrency)  # warm-up
         outs = [Path(tmp, f"{pid}.txt") for pid in worker_pids]
         spies = [
             subprocess.Popen(
-                [spy_bin, "record", "--pid", str(pid), "--duration", str(int(args.duration)),
-                 "--format", "raw", "--nonblocking", "--output", str(out), *(["--gil"] if args.gil else [])],
+                [
+                    spy_bin,
+                    "record",
+                    "--pid",
+                    str(pid),
+                    "--duration",
+                    str(int(args.duration)),
+                    "--format",
+                    "raw",
+                    "--nonblocking",
+                    "--output",
+                    str(out),
+                    *(["--gil"] if args.gil else []),
+                ],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
@@ -93,6 +108,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--duration", type=float, default=8.0)
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--gil", action="store_true", help="only the thread holding the GIL (CPU time)")
+    parser.add_argument("--fill", type=int, default=0, help="poll: older queued jobs ahead of the polled")
     parser.add_argument("--own-code", action="store_true", help="only frames in app/ and models/")
     run(parser.parse_args(argv))
 

@@ -26,7 +26,7 @@ from genqueue_client.errors import (
     ValidationFailed,
     WaitTimeout,
 )
-from genqueue_client.models import Event, Job
+from genqueue_client.models import Event, Job, Model
 from genqueue_client.webhooks import InvalidSignature, verify_webhook
 
 __all__ = [
@@ -43,6 +43,7 @@ __all__ = [
     "InvalidLink",
     "InvalidSignature",
     "Job",
+    "Model",
     "NotFound",
     "Overloaded",
     "PayloadTooLarge",

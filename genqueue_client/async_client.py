@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import builtins
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
@@ -25,7 +26,7 @@ from genqueue_client.core import (
     timeout_until,
 )
 from genqueue_client.errors import WaitTimeout
-from genqueue_client.models import Event, Job
+from genqueue_client.models import Event, Job, Model
 from genqueue_client.sse import Decoder
 
 T = TypeVar("T")
@@ -79,7 +80,8 @@ class AsyncClient:
             return stop.value  # type: ignore[no-any-return]
 
     async def submit(self, prompt: str, modality: str = "video", **options: Any) -> Job:
-        """POST /v1/jobs. Options: params, priority, metadata, webhook, cache, idempotency_key
+        """POST /v1/jobs. Options: params, priority, metadata, webhook, cache, model (an id from
+        models(), or stage -> id), idempotency_key
         (default: a new UUID, kept across this call's retries), wait_s (Prefer: wait=N)."""
         return await self._run(self.core.submit(prompt, modality, **options))
 
@@ -102,6 +104,10 @@ class AsyncClient:
 
     async def delete(self, job_id: str) -> None:
         await self._run(self.core.delete(job_id))
+
+    async def models(self) -> builtins.list[Model]:  # `list` here is the method
+        """GET /v1/models: the models a job may name (`model=`), with the caller's plan's say."""
+        return await self._run(self.core.models())
 
     async def webhook_secret(self) -> str:
         return await self._run(self.core.webhook_secret())

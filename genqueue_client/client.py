@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,7 +23,7 @@ from genqueue_client.core import (
     timeout_until,
 )
 from genqueue_client.errors import WaitTimeout
-from genqueue_client.models import Event, Job
+from genqueue_client.models import Event, Job, Model
 from genqueue_client.sse import Decoder
 
 T = TypeVar("T")
@@ -79,7 +80,8 @@ class Client:
             return stop.value  # type: ignore[no-any-return]
 
     def submit(self, prompt: str, modality: str = "video", **options: Any) -> Job:
-        """POST /v1/jobs. Options: params, priority, metadata, webhook, cache, idempotency_key
+        """POST /v1/jobs. Options: params, priority, metadata, webhook, cache, model (an id from
+        models(), or stage -> id), idempotency_key
         (default: a new UUID, kept across this call's retries), wait_s (Prefer: wait=N)."""
         return self._run(self.core.submit(prompt, modality, **options))
 
@@ -101,6 +103,10 @@ class Client:
 
     def delete(self, job_id: str) -> None:
         self._run(self.core.delete(job_id))
+
+    def models(self) -> builtins.list[Model]:  # `list` here is the method
+        """GET /v1/models: the models a job may name (`model=`), with the caller's plan's say."""
+        return self._run(self.core.models())
 
     def webhook_secret(self) -> str:
         return self._run(self.core.webhook_secret())

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import httpx
 
 from genqueue_client.errors import APIError, TransportError, from_response, parse_retry_after
-from genqueue_client.models import Event, EventPage, Job, Page
+from genqueue_client.models import Event, EventPage, Job, Model, Page
 
 T = TypeVar("T")
 URL_ENV, KEY_ENV = "GENQUEUE_URL", "GENQUEUE_API_KEY"
@@ -151,11 +151,18 @@ class Core:
         metadata: Mapping[str, str] | None = None,
         webhook: Mapping[str, Any] | None = None,
         cache: bool | None = None,
+        model: str | Mapping[str, str] | None = None,
         idempotency_key: str | None = None,
         wait_s: int | None = None,
     ) -> Op[Job]:
         body: dict[str, Any] = {"prompt": prompt, "modality": modality}
-        optional = {"params": params, "priority": priority, "metadata": metadata, "webhook": webhook}
+        optional = {
+            "params": params,
+            "priority": priority,
+            "metadata": metadata,
+            "webhook": webhook,
+            "model": model,  # an id (the output stage's), or stage -> id
+        }
         body |= {k: dict(v) if isinstance(v, Mapping) else v for k, v in optional.items() if v is not None}
         if cache is not None:
             body["cache"] = cache
@@ -193,6 +200,10 @@ class Core:
         body = resp.json()
         events = [Event.from_json(e) for e in body["data"]]
         return EventPage(events, bool(body.get("has_more")), int(body.get("next_after") or after))
+
+    def models(self) -> Op[list[Model]]:
+        resp = yield from self.call(self.request("GET", "/v1/models"))
+        return [Model.from_json(m) for m in resp.json()["data"]]
 
     def webhook_secret(self) -> Op[str]:
         resp = yield from self.call(self.request("GET", "/v1/webhooks/secret"))

@@ -77,6 +77,31 @@ class Event:
 
 
 @dataclass(frozen=True)
+class Model:
+    """A model a job may name (`GET /v1/models`); `raw` has the rest (params schema, queue...)."""
+
+    id: str
+    stage: str
+    default: bool
+    allowed: bool
+    warm: bool | None
+    version: str
+    raw: dict[str, Any] = field(repr=False)
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> Model:
+        return cls(
+            id=str(body["id"]),
+            stage=str(body["stage"]),
+            default=bool(body.get("default")),
+            allowed=bool(body.get("allowed", True)),
+            warm=body.get("warm"),
+            version=str(body.get("version") or ""),
+            raw=body,
+        )
+
+
+@dataclass(frozen=True)
 class Page:
     """One page of `GET /v1/jobs`."""
 

@@ -15,6 +15,7 @@ import importlib.metadata
 import json
 import os
 import uuid
+from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
@@ -47,24 +48,32 @@ def spec_version(spec: str) -> str:
         if os.path.isfile(path):
             st = os.stat(path)
             return f"{st.st_size}-{st.st_mtime_ns}"
+    if ":" in spec and not os.path.exists(spec):  # an adapter class: its name is all there is to go by
+        return "adapter-" + hashlib.sha256(spec.encode()).hexdigest()[:12]
     return "-"
 
 
-def model_versions(settings: Settings, modality: str) -> str:
-    """Everything about the models a job of this modality runs through that can change its output."""
-    # The dtype setting too: bf16 and float32 weights give slightly different texts.
-    # And the decoding settings: a different repetition penalty gives a different text.
-    decoding = f"rp{settings.text_repetition_penalty}/nr{settings.text_no_repeat_ngram_size}"
-    text = f"{settings.text_model}@{spec_version(settings.text_model)}/{settings.text_dtype}/{decoding}"
-    parts = [f"text={text}"]
-    kinds = ["text"]
-    if modality == Modality.VIDEO:
-        parts.append(f"video={settings.video_model}@{spec_version(settings.video_model)}")
-        kinds.append("video")
-    elif modality == Modality.IMAGE:
-        parts.append(f"image={settings.image_model}@{spec_version(settings.image_model)}")
-        kinds.append("image")
-    libs = sorted({lib for k in kinds for lib in catalog.LIBRARIES[k]})
+def model_versions(settings: Settings, modality: str, models: Mapping[str, str | None] | None = None) -> str:
+    """Everything about the models a job of this modality runs through that can change its output.
+
+    `models`: stage -> the model id the job runs there (models.catalog; None: the default), for
+    every stage of its pipeline; omitted, the configured models of its pipeline (text, and video
+    or image).
+    """
+    if models is None:
+        render = {Modality.VIDEO: "video", Modality.IMAGE: "image"}.get(Modality(modality))
+        models = {"text": None} | ({render: None} if render else {})
+    parts = []
+    for stage in sorted(models):
+        spec = catalog.spec_of(settings, stage, models[stage])
+        part = f"{spec}@{spec_version(spec)}"
+        if stage == "text":
+            # The dtype setting too: bf16 and float32 weights give slightly different texts.
+            # And the decoding settings: a different repetition penalty gives a different text.
+            decoding = f"rp{settings.text_repetition_penalty}/nr{settings.text_no_repeat_ngram_size}"
+            part += f"/{settings.text_dtype}/{decoding}"
+        parts.append(f"{stage}={part}")
+    libs = sorted({lib for stage in models for lib in catalog.LIBRARIES.get(stage, ())})
     parts += [f"{lib}={_dist_version(lib)}" for lib in libs]
     parts.append(f"cache={settings.cache_version}")
     return ";".join(parts)
@@ -74,14 +83,21 @@ def normalise_prompt(prompt: str) -> str:
     return " ".join(prompt.split())
 
 
-def cache_key(settings: Settings, modality: str, prompt: str, params: dict[str, Any]) -> str:
-    """sha256 over the normalised prompt, the complete params and the model versions."""
+def cache_key(
+    settings: Settings,
+    modality: str,
+    prompt: str,
+    params: dict[str, Any],
+    models: Mapping[str, str | None] | None = None,
+) -> str:
+    """sha256 over the normalised prompt, the complete params and the models (stage -> id) with
+    their versions: the same model under two ids shares results, a new version does not."""
     payload = json.dumps(
         {
             "modality": str(modality),
             "prompt": normalise_prompt(prompt),
             "params": params,
-            "models": model_versions(settings, modality),
+            "models": model_versions(settings, modality, models),
         },
         sort_keys=True,
         separators=(",", ":"),
@@ -157,6 +173,7 @@ def attach(session: Session, job: Job, source: Job) -> None:
         source.artifact_path,
         source.artifact_bytes,
     )
+    job.models = source.models or job.models  # what ran for the source ran for this copy
     job.started_at = job.text_completed_at = job.completed_at = now
     session.add(job)
     session.flush()  # the job row before its event row
@@ -177,7 +194,7 @@ def settle_followers(session: Session, source_id: uuid.UUID) -> int:
     source = session.execute(
         select(
             Job.status, Job.stage, Job.cache_key, Job.output_text, Job.artifact_path, Job.artifact_bytes,
-            Job.error_code, Job.error_message, Job.error_stage,
+            Job.error_code, Job.error_message, Job.error_stage, Job.models,
         ).where(Job.id == source_id)
     ).one_or_none()  # fmt: skip
     if source is None or source.cache_key is None:
@@ -191,6 +208,7 @@ def settle_followers(session: Session, source_id: uuid.UUID) -> int:
             "status": JobStatus.SUCCEEDED, "stage": source.stage, "progress": 100,
             "output_text": source.output_text, "artifact_path": source.artifact_path,
             "artifact_bytes": source.artifact_bytes, "started_at": now, "text_completed_at": now,
+            "models": source.models,
         }  # fmt: skip
         event, data = "job.succeeded", {"cached": True, "source_job_id": str(source_id)}
     else:

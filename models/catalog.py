@@ -9,8 +9,12 @@ No torch, nothing imported from an adapter: the adapter classes are named, not l
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, get_args
+
+if TYPE_CHECKING:
+    from models.settings import Settings
 
 StageName = Literal["text", "video", "image"]
 
@@ -65,6 +69,100 @@ def entry(stage: str, name: str) -> ModelEntry | None:
 def version_package(name: str) -> str | None:
     """The package whose version stands for built-in model `name` (any stage), or None."""
     return next((e.package for e in BUILTIN if e.name == name), None)
+
+
+def stages() -> tuple[str, ...]:
+    """Every stage that has models, in StageName order (a new stage needs no code here)."""
+    return tuple(get_args(StageName))
+
+
+Source = Literal["builtin", "directory", "adapter"]
+
+
+@dataclass(frozen=True)
+class CatalogModel:
+    """A model a job may name: its id within its stage, and what the worker registry loads for it."""
+
+    stage: str
+    id: str
+    spec: str  # a built-in name, a local directory or a "module:Class" (tasks.generators.registry)
+    source: Source
+    default: bool
+
+
+def _source(stage: str, spec: str) -> Source:
+    if entry(stage, spec) is not None:
+        return "builtin"
+    return "adapter" if ":" in spec and not os.path.exists(spec) else "directory"
+
+
+def _id_of(spec: str) -> str:
+    """The id a configured default goes by when it is not a built-in: a directory's name."""
+    return os.path.basename(spec.rstrip("/")) if os.sep in spec else spec
+
+
+def extra_models(settings: Settings) -> list[tuple[str, str, str]]:
+    """(stage, id, spec) of each `stage:id=spec` entry of settings.extra_models."""
+    return parse_extra_models(settings.extra_models)
+
+
+def parse_extra_models(value: str) -> list[tuple[str, str, str]]:
+    """(stage, id, spec) of each `stage:id=spec` entry; ValueError naming a malformed one."""
+    out = []
+    for item in (i.strip() for i in value.split(",")):
+        if not item:
+            continue
+        head, eq, spec = item.partition("=")
+        stage, colon, model_id = head.partition(":")
+        if not (eq and colon and spec.strip() and model_id.strip()) or stage.strip() not in stages():
+            raise ValueError(f"extra_models entry {item!r} is not like 'text:my-model=/models/dir'")
+        out.append((stage.strip(), model_id.strip(), spec.strip()))
+    return out
+
+
+def default_spec(settings: Settings, stage: str) -> str:
+    """The configured model of `stage` (settings.<stage>_model; without one, its first built-in)."""
+    configured_spec = getattr(settings, f"{stage}_model", None)
+    return str(configured_spec or next(e.name for e in BUILTIN if e.stage == stage))
+
+
+def configured(settings: Settings) -> list[CatalogModel]:
+    """Every model a job may name under these settings: the built-ins, settings.extra_models and
+    each stage's configured default (which may be a directory of its own), stage by stage."""
+    out: list[CatalogModel] = []
+    swaps = parse_extra_models(settings.model_swaps)
+    for stage in stages():
+        default = default_spec(settings, stage)
+        specs = {e.name: e.name for e in BUILTIN if e.stage == stage}
+        specs |= {model_id: spec for s, model_id, spec in extra_models(settings) if s == stage}
+        default_id = next((i for i, spec in specs.items() if spec == default), None)
+        if default_id is None:
+            default_id = _id_of(default) if _id_of(default) not in specs else default
+            specs[default_id] = default
+        # A hot swap (models.swaps) points an id at other weights; an unknown id is no new model.
+        specs |= {model_id: spec for s, model_id, spec in swaps if s == stage and model_id in specs}
+        for model_id, spec in specs.items():
+            out.append(CatalogModel(stage, model_id, spec, _source(stage, spec), model_id == default_id))
+    return out
+
+
+def find(settings: Settings, stage: str, model_id: str) -> CatalogModel | None:
+    """The model `model_id` of `stage`, or None when no such model is configured."""
+    return next((m for m in configured(settings) if m.stage == stage and m.id == model_id), None)
+
+
+def default(settings: Settings, stage: str) -> CatalogModel:
+    """The model a job of `stage` runs when it names none."""
+    return next(m for m in configured(settings) if m.stage == stage and m.default)
+
+
+def spec_of(settings: Settings, stage: str, model_id: str | None) -> str:
+    """What the registry loads for a job's model id (None: the stage's default). An id no longer
+    configured is handed on as is: the registry then loads it by that name or refuses it."""
+    if not model_id:
+        return default(settings, stage).spec
+    found = find(settings, stage, model_id)
+    return found.spec if found is not None else model_id
 
 
 def side_multiple(spec: str, stage: str = "video") -> int:

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, Engine, Result, create_engine, event
+from sqlalchemy import Connection, CursorResult, Engine, Result, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 from models import liveness
@@ -77,6 +77,14 @@ def autocommit(factory: sessionmaker[Session]) -> Iterator[Session]:
 
 # Reads: statements see what was committed when each began, as in a READ COMMITTED transaction.
 read_only = autocommit
+
+
+@contextmanager
+def read_only_connection(engine: Engine) -> Iterator[Connection]:
+    """A pooled connection in autocommit, without a Session: for a hot read that loads no ORM
+    objects (GET /v1/jobs/{id})."""
+    with engine.connect() as conn:
+        yield conn.execution_options(isolation_level="AUTOCOMMIT")
 
 
 def rowcount(result: Result[Any]) -> int:

@@ -99,12 +99,20 @@ class Job(Base):
     video_model: Mapped[str | None] = mapped_column(String(255))
     image_gpu_s: Mapped[float | None] = mapped_column(Float)
     image_model: Mapped[str | None] = mapped_column(String(255))
+    # The model of each stage (models.catalog): {stage: {"asked": id}} from the submit (the named
+    # or default one), and once the stage ran {"asked", "id", "version"} of what actually ran
+    # (a degraded retry's fallback differs from the asked). Null on jobs from before this column.
+    models: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
     tokens_generated: Mapped[int | None] = mapped_column(Integer)  # the text stage's output tokens
     frames_rendered: Mapped[int | None] = mapped_column(Integer)  # the video stage's output frames
     images_rendered: Mapped[int | None] = mapped_column(Integer)  # the image stage's output images
     # Retention and deletion (models.retention): when the job's files, output text and prompt were
     # removed (expired, or DELETE /v1/jobs/{id}); the row stays, its usage columns intact.
     data_removed_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    # Queue position (app.queue): the job's number in its priority's enqueue order, given by the
+    # database on insert (migration 0009's trigger: a sequence per priority); null unless it was
+    # inserted queued.
+    queue_seq: Mapped[int | None] = mapped_column(BigInteger)
 
     __table_args__ = (
         # Listing is newest first with an id tie-break; status filter uses the same order.
@@ -121,8 +129,18 @@ class Job(Base):
             postgresql_where=text("data_removed_at IS NULL AND completed_at IS NOT NULL"),
         ),
         Index("ix_jobs_status_deadline", "status", "deadline_at"),
-        # Queue position: queued jobs counted by priority and age, from the index alone.
+        # Queued jobs by priority and age (the queue position counted from it until migration 0009).
         Index("ix_jobs_status_priority_created", "status", "priority", "created_at"),
+        # Queue position (app.queue): each lane's queued computing jobs, their count and first and
+        # last numbers read from this index alone.
+        Index(
+            "ix_jobs_queue_lane",
+            "status",
+            "priority",
+            "queue_seq",
+            postgresql_where=text("NOT cached"),
+            sqlite_where=text("NOT cached"),
+        ),
     )
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from itsdangerous import BadSignature, Signer
+from itsdangerous.encoding import base64_decode, base64_encode
 
 from models.settings import Settings
 
@@ -91,6 +92,10 @@ class MediaSigner:
         if not expires.isdigit() or len(expires) > 12 or not sig.isascii():
             return "invalid"
         try:
+            # Only the canonical encoding: base64's last character carries spare bits that the
+            # decoder ignores, and one link must not have several valid spellings.
+            if base64_encode(base64_decode(sig)) != sig.encode():
+                return "invalid"
             ok = self._signer().verify_signature(self._message(job_id, variant, int(expires)), sig.encode())
         except BadSignature:  # malformed base64
             return "invalid"

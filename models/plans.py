@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +44,7 @@ class Plan:
     max_prompt_chars: int
     retention_s: int  # how long a finished job's outputs are kept (0: forever)
     media_url_ttl_s: int  # how long a signed link to a job's content stays valid
+    allowed_models: str  # comma-separated model ids, "stage:id" for one stage's; "": every model
 
     @classmethod
     def default(cls, settings: Settings) -> Plan:
@@ -54,9 +56,20 @@ class Plan:
         known = {k: v for k, v in (overrides or {}).items() if k in PLAN_FIELDS}
         return dataclasses.replace(cls.default(settings), **known)
 
-    def violations(self, prompt: str, priority: str, params: dict[str, Any]) -> list[Violation]:
-        """Every limit of this plan that a job (its params complete) goes beyond."""
-        out = []
+    def allows(self, stage: str, model_id: str) -> bool:
+        """Whether jobs may run model `model_id` in `stage`."""
+        allowed = {m.strip() for m in self.allowed_models.split(",") if m.strip()}
+        return not allowed or model_id in allowed or f"{stage}:{model_id}" in allowed
+
+    def violations(
+        self, prompt: str, priority: str, params: dict[str, Any], models: Mapping[str, str] | None = None
+    ) -> list[Violation]:
+        """Every limit of this plan that a job (its params and models, stage -> id, complete) goes beyond."""
+        out = [
+            Violation(f"model.{stage}", "allowed_models", self.allowed_models, model_id)
+            for stage, model_id in (models or {}).items()
+            if not self.allows(stage, model_id)
+        ]
         if len(prompt) > self.max_prompt_chars:
             out.append(Violation("prompt", "max_prompt_chars", self.max_prompt_chars, len(prompt)))
         if PRIORITY_RANK.get(priority, 1) > PRIORITY_RANK[self.max_priority]:
@@ -113,6 +126,9 @@ def check_overrides(values: dict[str, Any]) -> dict[str, Any]:
         if name == "max_priority":
             if value not in PRIORITY_RANK:
                 raise ValueError(f"max_priority must be one of: {', '.join(PRIORITY_RANK)}")
+        elif name == "allowed_models":
+            if not isinstance(value, str) or any(c.isspace() and c != " " for c in value):
+                raise ValueError("allowed_models must be comma-separated ids, e.g. 'echo,video:wan-tiny'")
         elif name == "rate_limit":
             try:
                 parse_many(str(value))

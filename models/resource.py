@@ -85,6 +85,12 @@ class JobTimings(Resource):
     gpu_s: float | None
 
 
+class JobModel(Resource):
+    asked: str | None = Field(description="The model id the job named for the stage; null: the default.")
+    id: str | None = Field(description="The model that ran (differs after a degraded retry); null before.")
+    version: str | None = Field(description="Its version (package version, or a local folder's stamp).")
+
+
 class Job(Resource):
     """The job resource (models.resource.job_resource)."""
 
@@ -103,6 +109,10 @@ class Job(Resource):
     attempts: int = Field(description="Runs of the current stage: retries and redeliveries included.")
     degraded: dict[str, Any] | None = Field(
         description="Set when the video or image stage was retried at a lower cost: reason, from, to."
+    )
+    models: dict[str, JobModel] = Field(
+        description="Per stage (`text`, `video`, `image`): the model asked for and the one that ran, "
+        "with its version."
     )
     cached: bool = Field(description="Answered from an identical earlier job, not computed again.")
     source_job_id: str | None = Field(description="The identical job a cached one reused; else null.")
@@ -222,6 +232,11 @@ def job_model(
         ),
         attempts=job.attempts,
         degraded=job.degraded,
+        # Per stage: the model id asked for (named or default), and the id and version that ran.
+        models={
+            stage: JobModel(asked=m.get("asked"), id=m.get("id"), version=m.get("version"))
+            for stage, m in (job.models or {}).items()
+        },
         cached=bool(job.cached),
         source_job_id=str(job.source_job_id) if job.source_job_id else None,
         timings=JobTimings(

@@ -244,6 +244,7 @@ class Charge:
 
     gpu_s: float
     model: str
+    models: dict[str, Any] | None = None  # jobs.models recording what this attempt ran (tasks.job_models)
 
 
 @dataclass(frozen=True)
@@ -266,7 +267,8 @@ STAGE_COLUMNS: dict[Stage, StageColumns] = {
 def _charge_values(stage: Stage, charge: Charge) -> dict[str, Any]:
     cols = STAGE_COLUMNS[stage]
     column = getattr(Job, cols.gpu_s)
-    return {cols.gpu_s: func.coalesce(column, 0.0) + round(charge.gpu_s, 6), cols.model: charge.model}
+    values = {cols.gpu_s: func.coalesce(column, 0.0) + round(charge.gpu_s, 6), cols.model: charge.model}
+    return values | ({"models": charge.models} if charge.models is not None else {})
 
 
 def charge_attempt(session: Session, job_id: uuid.UUID, stage: Stage, charge: Charge) -> None:

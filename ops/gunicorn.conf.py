@@ -45,9 +45,14 @@ logger_class = "app.server.Logger"
 logconfig_dict = _log_config()
 
 # Pooled database connections per worker process: greenlets queue for one (a request holds it
-# only while its statements run), so the pool bounds Postgres load, not concurrency. At most
-# this many `Prefer: wait` submits per process are held open (each costs a greenlet).
-os.environ.setdefault("GENQUEUE_DB_POOL_SIZE", "10")
+# only while its statements run), so the pool bounds Postgres load, not concurrency. No overflow:
+# an overflow connection is closed as soon as it is returned to a full pool, so under steady load
+# each request past the pool opened a fresh one (a Postgres backend started and torn down, and
+# the client's connect): measured, that doubled a poll's server CPU (docs/BENCHMARKS.md). The
+# same 20 connections at most as before (10 + 10 overflow), all kept. At most this many
+# `Prefer: wait` submits per process are held open (each costs a greenlet).
+os.environ.setdefault("GENQUEUE_DB_POOL_SIZE", "20")
+os.environ.setdefault("GENQUEUE_DB_MAX_OVERFLOW", "0")
 os.environ.setdefault("GENQUEUE_MAX_WAITERS", "64")
 
 

@@ -296,9 +296,9 @@ def _generate(
         return gen.generate(requests, on_step=_step_callback(progress), should_cancel=should_cancel)
 
 
-def _runner(spec: StageSpec) -> RunBatch:
+def _runner(spec: StageSpec, keep: int) -> RunBatch:
     def run(batch: list[Item]) -> Sequence[Any]:
-        gen = get_generator(spec.stage, spec.model, spec.dtype)
+        gen = get_generator(spec.stage, spec.model, spec.dtype, keep)  # reloaded if unloaded meanwhile
         requests, progress = [i.request for i in batch], [i.on_progress for i in batch]
         return _generate(gen, requests, progress, _all_gone(batch))
 
@@ -324,7 +324,7 @@ def batcher_for(stage: Stage | str, settings: Settings, model: str | None = None
         if b is None:
             b = MicroBatcher(
                 f"{spec.stage}:{spec.model}",
-                _runner(spec),
+                _runner(spec, settings.worker_max_models),
                 spec.batch_max_size,
                 spec.batch_max_wait_s,
                 key=_shape_key(spec.batch_shape),
@@ -357,7 +357,7 @@ def run_batched(
     if threading.current_thread() is threading.main_thread():
         # A prefork child or the solo pool runs one task per process: nobody to batch with, and
         # the soft time limit (a signal to this thread) must interrupt generate() itself.
-        gen = get_generator(spec.stage, spec.model, spec.dtype)
+        gen = get_generator(spec.stage, spec.model, spec.dtype, settings.worker_max_models)
         started = time.monotonic()
         try:
             [result] = _generate(gen, [request], [on_progress], should_cancel)
@@ -367,7 +367,10 @@ def run_batched(
         return result
     batcher = batcher_for(stage, settings, model)
     started = getattr(_local, "started", None) or time.monotonic()
-    expected = getattr(_local, "batcher", None) is batcher
+    announced = getattr(_local, "batcher", None)
+    expected = announced is batcher
+    if announced is not None and not expected:
+        announced.unexpect()  # announced to the default model's batcher; the job named another
     _local.batcher = None
     return batcher.submit(
         request,

@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 from models import Job, Stage
 from models.settings import Settings
-from tasks.contract.stages import spec_for
+from tasks import job_models
 from tasks.generators.base import ImageRequest, VideoRequest
 from tasks.generators.registry import side_multiple
 
@@ -20,9 +20,9 @@ def stage_of(request: VideoRequest | ImageRequest) -> Stage:
     return Stage.IMAGE if isinstance(request, ImageRequest) else Stage.VIDEO
 
 
-def _models(settings: Settings, stage: Stage) -> tuple[str, str]:
-    """(the stage's model, the one its degraded retry runs on)."""
-    model = spec_for(settings, stage).model
+def _models(job: Job, settings: Settings, stage: Stage) -> tuple[str, str]:
+    """(the model id the stage runs for this job, the one its degraded retry runs on)."""
+    model = job_models.to_run(job, stage, settings)
     fallback = settings.degraded_image_model if stage == Stage.IMAGE else settings.degraded_video_model
     return model, fallback or model
 
@@ -39,9 +39,10 @@ def plan(
     if not (job.params or {}).get("allow_degraded") or job.degraded:
         return None
     stage = stage_of(request)
-    current, model = _models(settings, stage)
+    current, model = _models(job, settings, stage)
     before = {"width": request.width, "height": request.height, "steps": request.steps}
-    multiple = side_multiple(model, stage)  # the retry's size must suit the model that will run it
+    # The retry's size must suit the model that will run it.
+    multiple = side_multiple(job_models.spec(settings, stage, model), stage)
     after = {
         "width": _side(request.width, settings.degrade_size_factor, multiple),
         "height": _side(request.height, settings.degrade_size_factor, multiple),
@@ -53,8 +54,8 @@ def plan(
 
 
 def apply(job: Job, request: RenderRequest, settings: Settings) -> tuple[RenderRequest, str]:
-    """The request and model spec to run: the degraded ones when the job recorded a degradation."""
-    current, _ = _models(settings, stage_of(request))
+    """The request and model id to run: the degraded ones when the job recorded a degradation."""
+    current, _ = _models(job, settings, stage_of(request))
     record = job.degraded
     if not record:
         return request, current

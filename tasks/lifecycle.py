@@ -11,7 +11,7 @@ from celery import Celery
 from celery.signals import worker_process_init, worker_ready
 
 from models.settings import Settings
-from tasks import metrics_server
+from tasks import metrics_server, model_presence
 from tasks.celery_app import app_settings
 from tasks.contract.stages import spec_for
 from tasks.generators.registry import get_generator
@@ -30,9 +30,11 @@ def preload_models(settings: Settings, on_loaded: Callable[[str], None] | None =
     `on_loaded(description)` after each one (the demo's loading indicator).
     """
     loaded = []
+    if preload_kinds(settings):
+        model_presence.start(settings)
     for kind in preload_kinds(settings):
         spec = spec_for(settings, kind)
-        gen = get_generator(spec.stage, spec.model, spec.dtype)
+        gen = get_generator(spec.stage, spec.model, spec.dtype, settings.worker_max_models)
         loaded.append(f"{kind}={spec.model}@{getattr(gen, 'device', '?')}")
         if on_loaded is not None:
             on_loaded(loaded[-1])

@@ -21,7 +21,7 @@ from models.db import transaction
 from models.recovery import deadline_in, entry_deadline
 from models.settings import Settings
 from models.storage import Storage
-from tasks import artifacts, compensation, degrade, failures, metrics, outcome
+from tasks import artifacts, compensation, degrade, failures, job_models, metrics, model_swaps, outcome
 from tasks.batching import Meter, run_batched
 from tasks.contract import names
 from tasks.contract.prompt_limit import IMAGE_SYSTEM_PROMPT
@@ -81,7 +81,9 @@ def _text_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID) -> None:
         return
     p: dict[str, Any] = job.params or {}
     final, then = is_final(job.modality, Stage.TEXT), next_stage(job.modality, Stage.TEXT)
-    meter, model = Meter(), rt.settings.text_model
+    models = model_swaps.effective(rt.settings)  # the catalog with any hot swap, for this attempt
+    meter, model = Meter(), job_models.to_run(job, Stage.TEXT, models)
+    spec = job_models.spec(models, Stage.TEXT, model)  # once: a swap from now on is the next attempt's
     started = time.monotonic()
     charge: states.Charge | None = None
     if p.get("enhance_prompt") is False:
@@ -107,15 +109,16 @@ def _text_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID) -> None:
                 request,
                 should_cancel=watch.canceled,
                 on_progress=watch.on_step,
+                model=spec,
                 meter=meter,
             )
             if result.error is not None:
                 raise result.error
         except Exception as exc:
-            _charge(rt, jid, Stage.TEXT, meter, model)
+            _charge(rt, jid, Stage.TEXT, _cost(job, Stage.TEXT, meter, model, spec))
             failures.handle(self, rt, job, Stage.TEXT, exc)
         text, tokens = result.text, result.tokens
-        charge = states.Charge(meter.seconds, model)  # in the same UPDATE: once, with the outcome
+        charge = _cost(job, Stage.TEXT, meter, model, spec)  # in the same UPDATE: once, with the outcome
     seconds = round(time.monotonic() - started, 3)
     with transaction(rt.sessions) as s:
         done = states.complete_text(
@@ -135,12 +138,17 @@ def _text_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID) -> None:
         metrics.metrics().stage_duration.labels(Stage.TEXT).observe(seconds)
 
 
-def _charge(rt: Runtime, jid: uuid.UUID, stage: Stage, meter: Meter, model: str) -> None:
+def _cost(job: Job, stage: Stage, meter: Meter, model: str, spec: str) -> states.Charge:
+    """An attempt's charge: its GPU seconds, and the model id (and version) that ran it."""
+    return states.Charge(meter.seconds, model, job_models.ran(job, stage, model, spec))
+
+
+def _charge(rt: Runtime, jid: uuid.UUID, stage: Stage, charge: states.Charge) -> None:
     """Record the GPU time of an attempt that raised, before its failure is handled (retry,
     degrade, fail, cancel): it used the GPU whatever happens next. A successful attempt is
     charged in the transaction that records its result instead."""
     with transaction(rt.sessions) as s:
-        states.charge_attempt(s, jid, stage, states.Charge(meter.seconds, model))
+        states.charge_attempt(s, jid, stage, charge)
 
 
 @shared_task(bind=True, name=names.GENERATE_VIDEO)
@@ -182,16 +190,17 @@ def _render_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID, stage: S
         return
     render = RENDERS[stage]
     request = render.request(job, rt.settings)
-    run_request, model = degrade.apply(job, request, rt.settings)
-    meter = Meter()
+    models = model_swaps.effective(rt.settings)  # the catalog with any hot swap, for this attempt
+    run_request, model = degrade.apply(job, request, models)
+    meter, spec = Meter(), job_models.spec(models, stage, model)
     try:
-        result, seconds = _render(self, rt, job, stage, run_request, model, meter)
+        result, seconds = _render(self, rt, job, stage, run_request, spec, meter)
         relpath, size, count = render.persist(rt.storage, jid, result)
     except Exception as exc:
-        _charge(rt, jid, stage, meter, model)
+        _charge(rt, jid, stage, _cost(job, stage, meter, model, spec))
         failures.handle(self, rt, job, stage, exc, render_request=request)
     with transaction(rt.sessions) as s:
-        charge = states.Charge(meter.seconds, model)
+        charge = _cost(job, stage, meter, model, spec)
         done = states.complete_render(s, jid, stage, relpath, size, seconds, count, charge)
     if done:
         metrics.metrics().stage_duration.labels(stage).observe(seconds)

@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from models.db import make_engine, make_session_factory
 from models.settings import Settings
 from models.storage import Storage, open_storage
+from tasks import model_presence
 from tasks.celery_app import app_settings
 from tasks.contract.publish import wake_dispatch_on_commit
 
@@ -55,6 +56,7 @@ def runtime(app: Celery) -> Runtime:
             )
             rt = Runtime(settings, engine, make_session_factory(engine), os.getpid())
             wake_dispatch_on_commit(rt.sessions, app)  # transitions wake the webhook dispatcher
+            model_presence.start(settings)  # GET /v1/models learns what this process loads
             _runtimes[key] = rt
         return rt
 

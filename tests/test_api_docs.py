@@ -55,7 +55,8 @@ def test_examples_match_their_schemas(client) -> None:
                         checked += 1
     assert checked > 20
     post = spec["paths"]["/v1/jobs"]["post"]
-    assert set(post["requestBody"]["content"]["application/json"]["examples"]) == {"video", "text", "image"}
+    examples = post["requestBody"]["content"]["application/json"]["examples"]
+    assert set(examples) == {"video", "video_model", "image", "text"}
     assert "examples" in post["responses"]["422"]["content"]["application/problem+json"]
 
 

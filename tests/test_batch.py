@@ -67,6 +67,15 @@ def test_positions_follow_priority_then_order(client):
     assert positions == [5, 3, 1, 4]  # high first, then normal by age (the batch's in its order)
 
 
+def test_a_read_places_batch_jobs_by_their_enqueue_numbers(make_app):
+    client = make_app(queue_position_ttl_s=0).test_client()  # the lanes re-read on every request
+    assert submit(client).status_code == 202
+    jobs = [TEXT | {"priority": p} for p in ("low", "normal", "high", "normal")]
+    answered = post(client, jobs).get_json()["jobs"]
+    # The trigger numbered the multi-row INSERT's jobs of one priority in their order (app.queue).
+    assert [client.get(f"/v1/jobs/{j['id']}").get_json()["queue_position"] for j in answered] == [5, 3, 1, 4]
+
+
 def test_a_batch_may_be_larger_than_a_single_body(client, sessions, settings):
     jobs = [TEXT | {"prompt": f"{i} " + "a long prompt " * 20} for i in range(500)]  # ~150 KB
     assert len(ids(post(client, jobs))) == 500 and count(sessions) == 500
@@ -151,6 +160,27 @@ def test_a_job_beyond_the_plan_refuses_the_whole_batch(tenant_client, sessions):
     body = assert_problem(post(client, [TEXT, IMAGE, IMAGE | {"params": {"width": 256}}]), 403)
     assert [e["field"] for e in body["errors"]] == ["jobs[2].params.width"]
     assert count(sessions) == 0
+
+
+def test_batch_jobs_name_their_models_checked_by_index(client, tenant_client, sessions):
+    body = assert_problem(post(client, [TEXT | {"model": "echo"}, TEXT | {"model": "nope"}]), 422)
+    [error] = body["errors"]
+    assert error["field"] == "jobs[1].model", error
+    assert error["message"].startswith("unknown text model 'nope'")  # as a single submit says it
+    assert count(sessions) == 0
+    jobs = post(client, [TEXT, TEXT | {"model": "echo"}, VIDEO | {"model": {"text": "echo"}}]).get_json()
+    asked = [{stage: m["asked"] for stage, m in j["models"].items()} for j in jobs["jobs"]]
+    assert asked == [{"text": None}, {"text": "echo"}, {"text": "echo", "video": None}]
+    with sessions() as s:  # stored for every job, the first naming none (one multi-row INSERT)
+        stored = {str(j.id): j.models for j in s.scalars(select(Job))}
+    assert [stored[j["id"]] for j in jobs["jobs"]] == [
+        {"text": {"asked": a["text"]}} | ({"video": {"asked": None}} if "video" in a else {}) for a in asked
+    ]
+    # The plan's allowed_models limits each job's models, defaults included, named by index.
+    smollm2_only = tenant_client("smollm2-only", allowed_models="smollm2")  # the default here is echo
+    body = assert_problem(post(smollm2_only, [TEXT | {"model": "smollm2"}, TEXT]), 403)
+    assert [e["field"] for e in body["errors"]] == ["jobs[1].model.text"]
+    assert body["limits"] == {"allowed_models": "smollm2"}
 
 
 # --- the Idempotency-Key -------------------------------------------------------------------------

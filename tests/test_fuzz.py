@@ -84,7 +84,7 @@ WITH_INPUTS = [
     ("GET", "/docs/assets/{name}"),
 ]  # fmt: skip
 WITHOUT_INPUTS = [
-    ("GET", "/v1/health"), ("GET", "/v1/ready"), ("GET", "/docs"), ("GET", "/metrics"),
+    ("GET", "/v1/health"), ("GET", "/v1/ready"), ("GET", "/docs"), ("GET", "/metrics"), ("GET", "/v1/models"),
     ("GET", "/v1/webhooks"), ("GET", "/v1/webhooks/secret"), ("POST", "/v1/webhooks/secret/rotate"),
 ]  # fmt: skip
 # Every check but "schema-valid input is accepted": a valid-looking input may still be refused

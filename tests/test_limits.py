@@ -48,6 +48,26 @@ def test_burst_limit_answers_429_with_headers(tenant_client):
     assert resp.headers["RateLimit-Remaining"] == "0"
 
 
+def test_the_headers_read_the_window_each_hit_returned(tenant_client, monkeypatch):
+    """One Redis call per limit and request (app.limit_storage): the RateLimit headers come from
+    the hit's own answer, not from a second read of the window."""
+    from limits.storage import RedisStorage
+
+    reads: list[str] = []
+    original = RedisStorage.get_sliding_window
+
+    def counted(self, key, expiry):
+        reads.append(key)
+        return original(self, key, expiry)
+
+    monkeypatch.setattr(RedisStorage, "get_sliding_window", counted)
+    client = tenant_client("acme", rate_limit="3/second;100/minute")
+    seen = [client.get("/v1/jobs") for _ in range(3)]
+    assert [r.headers["RateLimit-Remaining"] for r in seen] == ["2", "1", "0"]
+    assert reads == []
+    assert_problem(client.get("/v1/jobs"), 429)
+
+
 def test_sustained_limit_binds_after_the_burst(tenant_client):
     client = tenant_client("acme", rate_limit="50/second;4/minute")
     for _ in range(4):

@@ -115,3 +115,38 @@ def test_high_priority_starts_first_on_the_video_stage(broker_app, sessions) -> 
             s.scalars(select(Job.id).where(Job.completed_at.is_not(None)).order_by(Job.completed_at))
         )
     assert order[0] == high, f"high finished {order.index(high) + 1}th" if high in order else "high never ran"
+
+
+def test_queue_positions_as_a_worker_takes_jobs_and_after_a_cancel(broker_app, sessions) -> None:
+    """app.queue's places against the true order, while a real worker on each broker takes jobs."""
+    from app.queue import QueueCounts
+    from models import states
+    from models.db import transaction
+
+    low = _add_jobs(sessions, 30, "low")
+    high = _add_jobs(sessions, 5, "high")
+    for jid, prio in [(j, "low") for j in low] + [(j, "high") for j in high]:
+        publish_job(broker_app, jid, "text", prio)
+    counts = QueueCounts(ttl_s=0)
+
+    def places() -> tuple[list[uuid.UUID], dict[uuid.UUID, int]]:
+        """The queued jobs in the order workers take them (high first, then by number), and places."""
+        with sessions() as s:
+            rows = list(s.scalars(select(Job).where(Job.status == "queued")))
+            order = sorted(rows, key=lambda j: (j.priority != "high", j.queue_seq))
+            return [j.id for j in order], counts.positions(s, rows)
+
+    order, got = places()
+    assert order == high + low and [got[j] for j in order] == list(range(1, 36))
+
+    def started() -> int:
+        with sessions() as s:
+            return s.scalar(select(func.count()).where(Job.started_at.is_not(None))) or 0
+
+    _run_until(broker_app, names.TEXT_QUEUE, lambda: started() >= 8)
+    order, got = places()
+    assert len(order) <= 27 and [got[j] for j in order] == list(range(1, len(order) + 1))
+    with transaction(sessions) as s:  # the head of what is left: exact again
+        assert states.cancel(s, order[0])
+    order, got = places()
+    assert [got[j] for j in order] == list(range(1, len(order) + 1))

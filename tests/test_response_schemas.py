@@ -112,6 +112,13 @@ def test_every_answer_conforms_to_its_documented_schema(
         usage = client.get(f"/v1/usage{group_by}")
         assert usage.status_code == 200
         conforms("Usage", usage.get_json())
+    models = client.get("/v1/models")
+    assert models.status_code == 200 and models.get_json()["data"]
+    conforms("ModelList", models.get_json())
+    named = client.post("/v1/jobs", json={"prompt": "p", "modality": "text", "model": "echo"})
+    assert named.status_code == 202, named.get_json()
+    assert named.get_json()["models"]["text"]["asked"] == "echo"
+    conforms("Job", named.get_json())
 
     endpoint = client.post("/v1/webhooks", json={"url": f"https://{HOOK_HOST}/e", "description": "d"})
     assert endpoint.status_code == 201, endpoint.get_json()

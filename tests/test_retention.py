@@ -149,6 +149,9 @@ def test_delete_a_finished_job_twice_and_across_tenants(
     body = client.get(f"/v1/jobs/{jid}").get_json()
     assert (body["status"], body["data_removed"], body["prompt"]) == ("succeeded", True, "")
     assert_problem(client.get(f"/v1/jobs/{jid}/content"), 410)
+    # A malformed query is a 422 whatever the job's state (the document's enums: tests/test_fuzz.py).
+    bad = assert_problem(client.get(f"/v1/jobs/{jid}/content?variant=&format=gif"), 422)
+    assert {e["field"] for e in bad["errors"]} == {"variant", "format"}
     assert _usage_jobs(client) == before
     assert_problem(client.delete(f"/v1/jobs/{uuid.uuid4()}"), 404)
 

@@ -38,6 +38,11 @@ class TenancySettings(BaseModel):
         "high", description="Default plan: highest `priority` (`low` < `normal` < `high`)."
     )
     plan_max_prompt_chars: int = Field(4000, description="Default plan: longest prompt in characters.")
+    plan_allowed_models: str = Field(
+        "",
+        description="Default plan: the models a job may run, comma-separated ids (`echo`: that id in "
+        "every stage; `video:echo`: one stage's); empty: every model.",
+    )
     admission_max_text_backlog: int = Field(
         10000,
         description="Jobs waiting for the text stage (queued) above which new jobs get 503 + Retry-After.",

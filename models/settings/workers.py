@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 
 class WorkerSettings(BaseModel):
@@ -32,6 +32,30 @@ class WorkerSettings(BaseModel):
         description="The text model's dtype: `auto`, `float32`, `bfloat16` or `float16`. `auto`: "
         "bfloat16 on CUDA, float32 on CPU; bfloat16 on an AMX CPU runs batched text ~1.3x faster "
         "(docs/BENCHMARKS.md), but its rounding lets a row's greedy text depend on its batch-mates.",
+    )
+    extra_models: str = Field(
+        "",
+        description="More models a job may name (`model`), beside the built-ins: comma-separated "
+        "`stage:id=spec`, spec a local model directory or a `module:Class` adapter, e.g. "
+        "`text:tinyllama=/models/tinyllama`.",
+    )
+    model_swaps: str = Field(
+        "",
+        description="Model ids pointed at other weights, like `extra_models` (`stage:id=spec`, "
+        "comma-separated); `genqueue models swap` adds to these at run time, for every process within "
+        "a second, without a restart.",
+    )
+    worker_max_models: int = Field(
+        2,
+        ge=1,
+        description="Models of one stage a worker process keeps loaded; loading one more unloads the "
+        "least recently used.",
+    )
+    model_heartbeat_s: float = Field(
+        10.0,
+        gt=0,
+        description="How often a worker process re-announces its loaded models in Redis (the `warm` of "
+        "GET /v1/models); an announcement lapses after 3x this.",
     )
     worker_preload: str = Field(
         "",
@@ -122,3 +146,11 @@ class WorkerSettings(BaseModel):
         "error instead of AttributeError: the crash that made a worker exit on a Redis restart "
         "(tasks.kombu_fixes). Off only to reproduce that crash.",
     )
+
+    @field_validator("extra_models", "model_swaps")
+    @classmethod
+    def _extra_models(cls, value: str) -> str:
+        from models.catalog import parse_extra_models  # a light module that needs Settings' class
+
+        parse_extra_models(value)  # a malformed entry fails at startup, not per request
+        return value

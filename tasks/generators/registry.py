@@ -1,4 +1,4 @@
-"""Maps a configured model name or local path to an adapter; one loaded instance per process."""
+"""Maps a model name or local path to an adapter; the loaded instances of a process, a few per stage (LRU)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import os
 import sys
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Literal, overload
 
@@ -26,8 +27,10 @@ _BASES: dict[str, type[Generator]] = {"text": TextGenerator, "video": VideoGener
 # Names registered at run time (plugins, tests) on top of models.catalog's built-ins.
 _extra: dict[tuple[str, str], str] = {}
 
-_loaded: dict[tuple[str, str, str], Generator] = {}
+# Least recently used first: get_generator moves a hit to the end and unloads from the front.
+_loaded: OrderedDict[tuple[str, str, str], Generator] = OrderedDict()
 _lock = threading.Lock()
+_listeners: list[Callable[[], None]] = []  # told after a load or an unload (tasks.model_presence)
 
 
 def register(kind: str, name: str, target: str) -> None:
@@ -70,33 +73,82 @@ def _resolve(kind: str, spec: str, dtype: str = "auto") -> Callable[[], Generato
 
 
 @overload
-def get_generator(kind: Literal["text"], spec: str, dtype: str = ...) -> TextGenerator: ...
-@overload
-def get_generator(kind: Literal["video"], spec: str, dtype: str = ...) -> VideoGenerator: ...
-@overload
-def get_generator(kind: Literal["image"], spec: str, dtype: str = ...) -> ImageGenerator: ...
+def get_generator(
+    kind: Literal["text"], spec: str, dtype: str = ..., keep: int | None = ...
+) -> TextGenerator: ...
 @overload
 def get_generator(
-    kind: str, spec: str, dtype: str = ...
+    kind: Literal["video"], spec: str, dtype: str = ..., keep: int | None = ...
+) -> VideoGenerator: ...
+@overload
+def get_generator(
+    kind: Literal["image"], spec: str, dtype: str = ..., keep: int | None = ...
+) -> ImageGenerator: ...
+@overload
+def get_generator(
+    kind: str, spec: str, dtype: str = ..., keep: int | None = ...
 ) -> TextGenerator | VideoGenerator | ImageGenerator: ...
-def get_generator(kind: str, spec: str, dtype: str = "auto") -> Generator:
-    """Return the process-wide loaded adapter for (kind, spec, dtype), loading and warming it once."""
+def get_generator(kind: str, spec: str, dtype: str = "auto", keep: int | None = None) -> Generator:
+    """Return the process-wide loaded adapter for (kind, spec, dtype), loading and warming it once.
+
+    `keep` (Settings.worker_max_models): how many models of `kind` stay loaded; loading one more
+    unloads the least recently used. A batch still running on an unloaded one keeps its own
+    reference and finishes; its memory goes when that batch does.
+    """
     key = (kind, spec, dtype)
+    evicted: list[Generator] = []
     with _lock:
         gen = _loaded.get(key)
-        if gen is None:
-            gen = _resolve(kind, spec, dtype)()
-            log.info("loading %s model %s", kind, spec)
-            started = time.monotonic()
-            gen.load()
-            metrics().model_load.labels(kind).observe(time.monotonic() - started)
-            _loaded[key] = gen
-            log.info("%s model %s ready on %s", kind, spec, gen.device)
-            if str(gen.device).startswith("cuda"):
-                from tasks.generators import gpu  # torch is loaded already: the model is on CUDA
+        if gen is not None:
+            _loaded.move_to_end(key)
+            return gen
+        gen = _resolve(kind, spec, dtype)()
+        log.info("loading %s model %s", kind, spec)
+        started = time.monotonic()
+        gen.load()
+        metrics().model_load.labels(kind).observe(time.monotonic() - started)
+        _loaded[key] = gen
+        log.info("%s model %s ready on %s", kind, spec, gen.device)
+        same_kind = [k for k in _loaded if k[0] == kind]
+        for old in same_kind[: max(0, len(same_kind) - keep)] if keep else ():
+            evicted.append(_loaded.pop(old))
+            log.info("unloading %s model %s (more than %d loaded)", kind, old[1], keep)
+    if str(gen.device).startswith("cuda"):
+        from tasks.generators import gpu  # torch is loaded already: the model is on CUDA
 
-                gpu.watch()
-        return gen
+        gpu.watch()
+    if evicted:
+        del evicted
+        release_memory()
+    _changed()
+    return gen
+
+
+def unload(kind: str, spec: str) -> bool:
+    """Unload `spec` of `kind` (every dtype) now; a batch running on it keeps it until it ends."""
+    with _lock:
+        gone = [_loaded.pop(k) for k in [k for k in _loaded if k[:2] == (kind, spec)]]
+    if not gone:
+        return False
+    log.info("unloaded %s model %s", kind, spec)
+    del gone
+    release_memory()
+    _changed()
+    return True
+
+
+def on_change(listener: Callable[[], None]) -> None:
+    """Call `listener()` after each load and unload in this process (idempotent per listener)."""
+    if listener not in _listeners:
+        _listeners.append(listener)
+
+
+def _changed() -> None:
+    for listener in list(_listeners):
+        try:
+            listener()
+        except Exception:  # reporting what is loaded must never fail a task
+            log.warning("model change listener failed", exc_info=True)
 
 
 def loaded() -> dict[tuple[str, str, str], Generator]:

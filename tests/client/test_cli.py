@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import signal
 from pathlib import Path
+from unittest.mock import ANY
 
 import av
 import httpx
@@ -29,6 +30,22 @@ def test_run_writes_a_playable_video(web, api_key, module_worker, tmp_path) -> N
     with av.open(str(out)) as container:
         frames = list(container.decode(container.streams.video[0]))
     assert len(frames) == 5 and (frames[0].width, frames[0].height) == (64, 64)
+
+
+def test_run_names_its_models(web, api_key, module_worker) -> None:
+    one = genqueue(web, api_key, "run", "a fox", "--modality", "text", "--model", "echo", "--json")
+    assert one.returncode == 0, one.stderr
+    assert json.loads(one.stdout)["models"]["text"] == {"asked": "echo", "id": "echo", "version": ANY}
+    models = ["--model", "text=echo", "--model", "video=echo"]
+    per_stage = genqueue(web, api_key, "run", "a fox", *VIDEO, *models, "--json", "--no-progress")
+    assert per_stage.returncode == 0, per_stage.stderr
+    assert {s: m["asked"] for s, m in json.loads(per_stage.stdout)["models"].items()} == {
+        "text": "echo",
+        "video": "echo",
+    }
+    unknown = genqueue(web, api_key, "run", "a fox", "--model", "video=nope")
+    assert unknown.returncode == 4 and "model.video" in unknown.stderr
+    assert genqueue(web, api_key, "run", "a fox", "--model", "echo", "--model", "text=echo").returncode == 2
 
 
 def test_run_writes_an_image_jobs_first_png(web, api_key, module_worker, tmp_path) -> None:

@@ -220,8 +220,27 @@ def test_the_async_client_does_the_same(web, api_key, module_worker, tmp_path, m
                 await c.get(str(uuid.uuid4()))
             with pytest.raises(gq.ValidationFailed):
                 await c.submit("a fox", "video", params={"steps": 0})
+            assert ("video", "echo") in {(m.stage, m.id) for m in await c.models()}
+            named = await c.submit("an async named fox", "text", model="echo")
+            assert named.raw["models"]["text"]["asked"] == "echo"
 
     asyncio.run(scenario())
+
+
+def test_models_lists_the_catalog_and_submit_names_a_model(gqc, module_worker) -> None:
+    models = {(m.stage, m.id): m for m in gqc.models()}
+    assert models[("text", "echo")].default and models[("video", "echo")].default
+    assert models[("text", "smollm2")].allowed and not models[("text", "smollm2")].default
+    job = gqc.submit("a named fox", "video", params=VIDEO, model={"text": "echo", "video": "echo"})
+    done = gqc.wait(job.id, timeout=60)
+    assert done.status == "succeeded"
+    assert {s: (m["asked"], m["id"]) for s, m in done.raw["models"].items()} == {
+        "text": ("echo", "echo"),
+        "video": ("echo", "echo"),
+    }
+    with pytest.raises(gq.ValidationFailed) as refused:
+        gqc.submit("a fox", "text", model="no-such-model")
+    assert refused.value.errors[0]["field"] == "model"
 
 
 def test_webhook_secret_is_the_tenants(gqc) -> None:

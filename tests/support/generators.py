@@ -8,6 +8,7 @@ ended) so an in-process test can tell a stage that stopped from one that ran to 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import threading
@@ -261,6 +262,32 @@ def _install_pauses(folder: Path) -> None:
 
     paused_encode.paused = True  # type: ignore[attr-defined]
     media._encode, artifacts.sweep_temp = paused_encode, paused_sweep  # type: ignore[assignment]
+
+
+class TaggedText(EchoTextGenerator):
+    """The echo text model under another id: its text starts "Tagged:", so a test sees which model ran."""
+
+    def run_batch(
+        self,
+        requests: Sequence[TextRequest],
+        should_cancel: CancelCheck | None = None,
+        on_step: StepCallback | None = None,
+    ) -> list[TextResult]:
+        results = super().run_batch(requests, should_cancel, on_step)
+        return [dataclasses.replace(r, text=f"Tagged: {r.text}") for r in results]
+
+
+class SwappedText(TaggedText):
+    """TaggedText's next version, for hot-swap tests: its text starts "Swapped:"."""
+
+    def run_batch(
+        self,
+        requests: Sequence[TextRequest],
+        should_cancel: CancelCheck | None = None,
+        on_step: StepCallback | None = None,
+    ) -> list[TextResult]:
+        results = super().run_batch(requests, should_cancel, on_step)
+        return [dataclasses.replace(r, text=r.text.replace("Tagged:", "Swapped:", 1)) for r in results]
 
 
 class TracedImage(EchoImageGenerator):
