@@ -17,9 +17,9 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
-from flask import current_app
+from flask import current_app, g
 from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
@@ -45,6 +45,7 @@ log = logging.getLogger("genqueue.api")
 Request = AnyJobCreate
 FieldErrors = list[dict[str, str]]
 PROMPT_CHECK = "genqueue.prompt_check"
+CATALOG = "genqueue_catalog"  # on flask.g
 
 
 def prompt_check() -> PromptCheck:
@@ -62,8 +63,13 @@ def _field(at: str, field: str) -> str:
 
 
 def catalog() -> Settings:
-    """The settings with the hot swaps in effect: the models a new job may name and will run."""
-    return model_swaps().effective(services().settings)
+    """The settings with the hot swaps in effect: the models a new job may name and will run.
+
+    Read once per request: every item of a batch, in validate and in prepare, sees the same swaps.
+    """
+    if CATALOG not in g:
+        setattr(g, CATALOG, model_swaps().effective(services().settings))
+    return cast(Settings, getattr(g, CATALOG))
 
 
 def validate(body: Any, at: str = "") -> tuple[Request | None, FieldErrors]:
