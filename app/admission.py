@@ -4,7 +4,8 @@ The backlog is measured in Postgres (one grouped count over the active jobs, thr
 status index) at most once per `admission_cache_s` per process, so the submit path stays
 fast however many requests arrive. Per stage:
   text:  jobs still queued (every job starts with the text stage);
-  video: video jobs not finished yet (each still needs the video stage).
+  video: video jobs not finished yet (each still needs the video stage);
+  image: image jobs not finished yet (each still needs the image stage).
 With `admission_max_wait_s` set, the estimated wait is the active jobs divided by the rate
 jobs finished over the last minute; with nothing finished yet there is no estimate, and only
 the backlog bounds apply.
@@ -16,6 +17,7 @@ import math
 import threading
 import time
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -105,22 +107,26 @@ class Admission:
             return RETRY_UNKNOWN_S
         return min(RETRY_MAX_S, max(RETRY_MIN_S, math.ceil(excess / backlog.finished_per_s)))
 
-    def check_backlog(self, modality: str) -> None:
+    def check_backlog(self, jobs: int = 1, video: int = 0, image: int = 0) -> None:
+        """503 unless `jobs` more jobs, `video` of them video and `image` image jobs, fit under the bounds."""
         s, b = self.settings, self.backlog()
-        bounds = [("text", b.text, s.admission_max_text_backlog)]
-        if modality == "video":
-            bounds.append(("video", b.video, s.admission_max_video_backlog))
-        elif modality == "image":
-            bounds.append(("image", b.image, s.admission_max_image_backlog))
-        for stage, size, bound in bounds:
-            if size >= bound:
+        # Every job starts with the text stage; video and image jobs also wait for their render stage.
+        bounds = [
+            ("text", b.text, s.admission_max_text_backlog, jobs),
+            ("video", b.video, s.admission_max_video_backlog, video),
+            ("image", b.image, s.admission_max_image_backlog, image),
+        ]
+        for stage, size, bound, more in bounds:
+            if more and size + more > bound:
                 raise Overloaded(
                     f"The {stage} stage is overloaded ({size} jobs waiting); retry later.",
-                    retry_after=self._retry_after(size - bound + 1, b),
+                    retry_after=self._retry_after(size + more - bound, b),
                     extra={"stage": stage},
                     reason=BACKLOG_REASONS[stage],
                 )
         wait = b.wait_s()
+        if wait is not None and b.finished_per_s:
+            wait += (jobs - 1) / b.finished_per_s  # the batch's last job waits for its first ones
         if s.admission_max_wait_s > 0 and wait is not None and wait > s.admission_max_wait_s:
             raise Overloaded(
                 f"The estimated wait ({wait:.0f} s) is over {s.admission_max_wait_s:.0f} s; retry later.",
@@ -133,35 +139,48 @@ class Admission:
     def admit(
         self,
         who: Principal,
-        job_id: uuid.UUID,
-        modality: str,
-        prompt: str,
-        priority: str,
-        params: dict[str, Any],
-        models: dict[str, str] | None = None,
+        jobs: Sequence[Job],
+        batch: bool = False,
+        models: Sequence[Mapping[str, str] | None] | None = None,
     ) -> None:
-        """Raise the error the client gets, or reserve a quota slot for job_id (see release)."""
+        """Raise the error the client gets, or reserve a quota slot for each job (see release).
+
+        Every job counts: a batch of n takes n of the backlog bounds and n quota slots, all or
+        none. `models`: per job, stage -> the model id it runs (complete, defaults included), which
+        the plan's allowed_models limits. `batch`: the fields of plan violations are named
+        `jobs[i].<field>`.
+        """
         plan = Plan.effective(self.settings, who.plan_overrides)
-        violations = plan.violations(prompt, priority, params, models)
-        if violations:
-            names = ", ".join(v.limit for v in violations)
+        errors, limits = [], {}
+        for i, job in enumerate(jobs):
+            running = models[i] if models is not None else None
+            for v in plan.violations(job.prompt, job.priority, job.params, running):
+                errors.append({"field": f"jobs[{i}].{v.field}" if batch else v.field, "message": v.message})
+                limits[v.limit] = v.allowed
+        if errors:
             raise PlanLimitExceeded(
-                f"The job goes beyond your plan's limits: {names}.",
-                errors=[{"field": v.field, "message": v.message} for v in violations],
-                extra={"limits": {v.limit: v.allowed for v in violations}},
+                f"The job goes beyond your plan's limits: {', '.join(limits)}.",
+                errors=errors,
+                extra={"limits": limits},
             )
-        self.check_backlog(modality)
-        admitted, active = self.quota.reserve(who.tenant_id, job_id, plan.max_active_jobs)
+        self.check_backlog(
+            len(jobs),
+            video=sum(1 for j in jobs if j.modality == "video"),
+            image=sum(1 for j in jobs if j.modality == "image"),
+        )
+        ids = [j.id for j in jobs]
+        admitted, active = self.quota.reserve(who.tenant_id, ids, plan.max_active_jobs)
         if not admitted:
+            more = f" This batch needs {len(ids)} more." if batch else ""
             raise QuotaExceeded(
                 f"Your tenant has {active} queued or running jobs; its plan allows "
-                f"{plan.max_active_jobs}. Retry when some finish.",
+                f"{plan.max_active_jobs}.{more} Retry when some finish.",
                 retry_after=QUOTA_RETRY_S,
                 extra={"limits": {"max_active_jobs": plan.max_active_jobs}},
             )
 
-    def release(self, who: Principal, job_id: uuid.UUID) -> None:
-        self.quota.release(who.tenant_id, job_id)
+    def release(self, who: Principal, job_ids: list[uuid.UUID]) -> None:
+        self.quota.release(who.tenant_id, job_ids)
 
 
 EXTENSION = "genqueue.admission"

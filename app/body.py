@@ -139,9 +139,13 @@ def _body(message: str) -> list[dict[str, str]]:
     return [{"field": "body", "message": message}]
 
 
-def json_body() -> Any:
-    """The request's body as strict JSON: a JSON media type, UTF-8, at most max_body_bytes."""
-    limit = services().settings.max_body_bytes
+def json_body(limit: int | None = None) -> Any:
+    """The request's body as strict JSON: a JSON media type, UTF-8, at most `limit` (default:
+    max_body_bytes) bytes."""
+    if limit is None:
+        limit = services().settings.max_body_bytes
+    else:
+        request.max_content_length = limit + 1  # the app-wide cap is max_body_bytes (app.factory)
     too_large = PayloadTooLarge(
         f"The body must be at most {limit} bytes.", errors=_body(f"over {limit} bytes")
     )

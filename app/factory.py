@@ -13,6 +13,7 @@ from app import (
     admission,
     api_docs,
     auth,
+    batch,
     errors,
     events,
     headers,
@@ -28,6 +29,7 @@ from app import (
     usage,
     webhooks,
 )
+from app.job_access import JobIdConverter
 from app.services import EXTENSION, Services
 from models import redaction
 from models.db import make_engine, make_session_factory
@@ -89,7 +91,9 @@ def create_app(
     auth.init_app(app, settings.auth_cache_s)
     limits.init_app(app, settings)
     admission.init_app(app, settings, app.extensions[EXTENSION].sessions)
+    app.url_map.converters["job_id"] = JobIdConverter  # before the rules that use it
     app.register_blueprint(jobs.bp)
+    app.register_blueprint(batch.bp)
     app.register_blueprint(job_control.bp)
     app.register_blueprint(events.bp)
     app.register_blueprint(health.bp)

@@ -1,4 +1,4 @@
-"""Idempotency-Key for POST /v1/jobs: a repeat returns the original job, a changed body is a 422."""
+"""Idempotency-Key on POST /v1/jobs(/batch): a repeat returns the original job(s); another body, 422."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from datetime import timedelta
 from typing import Any
 
 from flask import request
-from sqlalchemy import delete
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.errors import ValidationFailed
@@ -37,18 +37,33 @@ class Idempotency:
     key: str  # scoped_key(tenant, client key)
     digest: str
 
+    def _row(self, session: Session) -> IdempotencyKey | None:
+        """The unexpired use of this key; 422 if that request had another body."""
+        row = session.get(IdempotencyKey, self.key)
+        if row is None or row.expires_at <= utcnow():
+            return None
+        if row.request_hash != self.digest:
+            raise _invalid("this key was used with a different request body")
+        return row
+
     def prior(self, sessions: sessionmaker[Session]) -> Job | None:
         """The job an unexpired use of this key created; 422 if that request had another body."""
         with sessions() as s:
-            row = s.get(IdempotencyKey, self.key)
-            if row is None or row.expires_at <= utcnow():
-                return None
-            if row.request_hash != self.digest:
-                raise _invalid("this key was used with a different request body")
-            return s.get(Job, row.job_id)
+            row = self._row(s)
+            return s.get(Job, row.job_id) if row is not None else None
 
-    def claim(self, session: Session, job_id: uuid.UUID, ttl_s: int) -> None:
-        """Record the key for the job in the job's own transaction.
+    def prior_batch(self, sessions: sessionmaker[Session]) -> list[Job] | None:
+        """The jobs a batch submit with this key created, in order (see prior)."""
+        with sessions() as s:
+            row = self._row(s)
+            if row is None:
+                return None
+            ids = [uuid.UUID(j) for j in row.job_ids or [str(row.job_id)]]
+            found = {j.id: j for j in s.scalars(select(Job).where(Job.id.in_(ids)))}
+            return [found[j] for j in ids if j in found]
+
+    def claim(self, session: Session, job_ids: list[uuid.UUID], ttl_s: int, batch: bool = False) -> None:
+        """Record the key for the job (a batch: its jobs, in order) in the jobs' own transaction.
 
         The key is the primary key: of concurrent requests exactly one INSERT commits, the
         others fail with IntegrityError at flush (Postgres makes them wait for the first).
@@ -61,7 +76,8 @@ class Idempotency:
             IdempotencyKey(
                 key=self.key,
                 request_hash=self.digest,
-                job_id=job_id,
+                job_id=job_ids[0],
+                job_ids=[str(j) for j in job_ids] if batch else None,
                 created_at=now,
                 expires_at=now + timedelta(seconds=ttl_s),
             )

@@ -11,6 +11,7 @@ from typing import Any, cast
 from flask import current_app
 from sqlalchemy import Connection, Select, bindparam, inspect, select
 from sqlalchemy.orm import Session
+from werkzeug.routing import BaseConverter
 
 from app import media
 from app.auth import current_principal, tenant_id
@@ -22,6 +23,13 @@ from models import Job
 from models.plans import Plan
 from models.resource import Job as JobResource
 from models.resource import job_model
+
+
+class JobIdConverter(BaseConverter):
+    """`/jobs/<job_id:job_id>`: any path segment but `batch`, POST /v1/jobs/batch's (app.batch), so
+    that path allows POST alone, not also the GET and DELETE of a job named "batch"."""
+
+    regex = "(?!batch$)[^/]+"
 
 
 def _job_id(raw: str) -> uuid.UUID:

@@ -36,7 +36,7 @@ def cancel_job(job_id: str) -> Response:
     return jsonify(resource)
 
 
-@bp.delete("/jobs/<job_id>")
+@bp.delete("/jobs/<job_id:job_id>")
 def delete_job(job_id: str) -> Response:
     """Cancel if active, remove the outputs, prompt and stored files; the row stays (204, idempotent)."""
     svc = services()

@@ -15,9 +15,8 @@ from flask.blueprints import BlueprintSetupState
 from pydantic import ValidationError
 from sqlalchemy import select, tuple_
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.orm import Session
 
-from app import idempotency
+from app import idempotency, submission
 from app.admission import admission
 from app.auth import current_principal, owned
 from app.body import json_body
@@ -28,36 +27,28 @@ from app.errors import (
     Conflict,
     Gone,
     NotFound,
-    ServiceUnavailable,
     ValidationFailed,
 )
 from app.job_access import (
     current_resource,
     load_job,
     model_of,
-    published_marks,
     queue_counts,
     queue_positions,
     read_job,
     resource_of,
 )
 from app.metrics import hold_started
-from app.model_choice import choose as choose_models
-from app.model_choice import resolved as resolved_models
-from app.models_api import model_swaps
 from app.prompt_check import PromptCheck
-from app.schemas import ListQuery, complete_params, field_errors, parse_job
+from app.schemas import ListQuery, field_errors
 from app.services import extension, services
 from app.waiting import Waiters, prefer_wait
-from models import Job, JobStatus, cache, logs, states
+from models import Job, JobStatus, logs
 from models.base import utcnow
-from models.db import autocommit, read_only_connection, transaction
+from models.db import read_only_connection
 from models.job import TERMINAL
 from models.media_links import image_count
 from models.resource import job_list
-from models.settings import Settings
-from tasks.contract.publish import publish_job
-from tasks.contract.transient import is_transient
 
 log = logging.getLogger("genqueue.api")
 bp = Blueprint("jobs", __name__, url_prefix="/v1")
@@ -69,14 +60,7 @@ Answer = tuple[Response, int, dict[str, str]]  # body, status, headers
 def _warm_prompt_check(state: BlueprintSetupState) -> None:
     """Start loading the text model's tokenizer with the app, not on the first submit."""
     settings = state.app.extensions["genqueue"].settings
-    state.app.extensions["genqueue.prompt_check"] = PromptCheck(settings.text_model)
-
-
-def _prompt_check() -> PromptCheck:
-    ext = current_app.extensions
-    if "genqueue.prompt_check" not in ext:
-        ext["genqueue.prompt_check"] = PromptCheck(services().settings.text_model)
-    return extension("genqueue.prompt_check", PromptCheck)
+    state.app.extensions[submission.PROMPT_CHECK] = PromptCheck(settings.text_model)
 
 
 def _waiters() -> Waiters:
@@ -91,76 +75,31 @@ def submit() -> Answer:
     """O(1): one insert (plus one keyed select for a cacheable request) and one publish."""
     svc = services()
     body = json_body()
-    try:
-        req = parse_job(body, svc.settings)
-    except ValidationError as exc:
-        raise ValidationFailed("The job is invalid.", errors=field_errors(exc, body)) from None
-    if (too_long := _prompt_check().error(req.prompt)) is not None:  # the worker would refuse it
-        raise ValidationFailed("The job is invalid.", errors=[{"field": "prompt", "message": too_long}])
+    req, errors = submission.validate(body)
+    if req is None:
+        raise ValidationFailed("The job is invalid.", errors=errors)
     who = current_principal()
     idem = idempotency.from_request(body, who.tenant_id)
     if idem is not None and (prior := idem.prior(svc.sessions)) is not None:
         return _accepted(prior, replayed=True)
-    job_id, params = uuid.uuid4(), complete_params(req, svc.settings)
-    catalog = model_swaps().effective(svc.settings)  # the models as configured, hot swaps applied
-    models = choose_models(catalog, req.modality, req.model)  # 422 for an unknown one
-    logs.bind(job_id=job_id)
+    sub = submission.prepare(who, req, utcnow())
+    job = sub.job
+    logs.bind(job_id=job.id)
     gate = admission()
-    running = resolved_models(catalog, models)  # the plan limits the defaults too: 403
-    gate.admit(who, job_id, req.modality, req.prompt, req.priority or "normal", params, running)  # 503/429
-    now = utcnow()
-    job = Job(
-        id=job_id,
-        tenant_id=who.tenant_id,
-        status=JobStatus.QUEUED,
-        modality=req.modality,
-        prompt=req.prompt,
-        params=params,
-        models={stage: {"asked": model_id} for stage, model_id in models.items()},
-        priority=req.priority or "normal",
-        meta=req.metadata or {},
-        webhook=req.webhook.model_dump(exclude_none=True) if req.webhook else None,
-        progress=0,
-        attempts=0,
-        recoveries=0,
-        cached=False,
-        created_at=now,
-        updated_at=now,
-    )
-    queue = queue_counts()
-    seeded = req.params is not None and req.params.seed is not None  # the same seed, the same output
-    cacheable = svc.settings.cache_enabled and req.cache is not False and seeded
-    # A lone INSERT commits by itself (one round trip); a cache lookup or a key claim goes with
-    # it in one transaction. Either way it is committed before publishing: a worker must find it.
-    unit = transaction if cacheable or idem is not None else autocommit
+    gate.admit(who, [job], models=[sub.running])  # 403 (the plan limits the defaults too)/503/429
     try:
-        with unit(svc.sessions) as s:
-            queue.totals(s)  # refreshed at most once per TTL, before this job is counted
-            _insert(s, job, cacheable, catalog)
-            if idem is not None:
-                s.flush()  # the job row before the key row that points at it
-                idem.claim(s, job.id, svc.settings.idempotency_ttl_s)
+        submission.record([sub], idem)
     except IntegrityError:
-        gate.release(who, job_id)
+        gate.release(who, [job.id])
         # A concurrent request with the same key committed first: answer with its job.
         prior = idem.prior(svc.sessions) if idem is not None else None
         if prior is None:
             raise
         return _accepted(prior, replayed=True)
     except Exception:
-        gate.release(who, job_id)
+        gate.release(who, [job.id])
         raise
-    if job.cached:
-        svc.metrics.cache_hits.labels(job.modality, "result" if job.status in TERMINAL else "follower").inc()
-    if job.cached and job.status in TERMINAL:
-        gate.release(who, job_id)  # answered from the cache: it holds no slot
-    elif not job.cached:
-        try:
-            _publish(job)
-        except Exception:
-            gate.release(who, job_id)
-            raise
-        queue.submitted(job.priority)
+    submission.publish(who, gate, [job])
     log.info("job accepted: %s, %s%s", job.modality, job.priority, ", from the cache" if job.cached else "")
     wait = prefer_wait(request.headers.get("Prefer"), svc.settings.max_wait_s)
     if wait and job.status not in TERMINAL:
@@ -168,39 +107,9 @@ def submit() -> Answer:
         if _waiters().wait(job.id, wait):
             with svc.sessions() as s:
                 job = s.get(Job, job.id) or job
+    queue = queue_counts()
     position = queue.position_of_new(job) if job.status == JobStatus.QUEUED and not job.cached else None
     return _answer(job, resource_of(job, position))
-
-
-def _insert(s: Session, job: Job, cacheable: bool, settings: Settings) -> None:
-    """Add the job, as a cached copy or follower of an identical one when there is one; `settings`
-    with the hot swaps in effect (the key covers the versions that will run)."""
-    if not cacheable:
-        states.insert_new(s, job)
-        return
-    asked = {stage: m["asked"] for stage, m in (job.models or {}).items()}
-    key = cache.cache_key(settings, job.modality, job.prompt, job.params, asked)
-    source = cache.find_source(s, key, services().storage, job.tenant_id)
-    if source is None:
-        job.cache_key = key
-        states.insert_new(s, job)
-    else:
-        cache.attach(s, job, source)
-
-
-def _publish(job: Job) -> None:
-    svc = services()
-    try:
-        publish_job(svc.celery, job.id, job.modality, job.priority)
-    except Exception as exc:
-        _discard(job.id)  # nothing may stay queued forever without a message
-        if is_transient(exc):
-            raise ServiceUnavailable(
-                "The job queue is unavailable; the job was not accepted.", reason="broker"
-            ) from exc
-        raise
-    svc.metrics.jobs_submitted.labels(job.modality).inc()
-    published_marks().add(job.id)  # recorded within ~50 ms, in one UPDATE with its neighbours
 
 
 def _accepted(job: Job, replayed: bool = False) -> Answer:
@@ -220,14 +129,6 @@ def _answer(job: Job, resource: dict[str, Any], replayed: bool = False) -> Answe
     return jsonify(resource), 200 if job.status in TERMINAL else 202, headers
 
 
-def _discard(job_id: uuid.UUID) -> None:
-    try:
-        with transaction(services().sessions) as s:
-            states.withdraw(s, job_id)
-    except Exception:
-        log.exception("job %s not published and could not be deleted", job_id)
-
-
 def _conditional(resp: Response) -> Response:
     """A strong ETag over the exact body, so queue_position changes also change it."""
     resp.set_etag(hashlib.sha256(resp.get_data()).hexdigest()[:32])
@@ -235,7 +136,7 @@ def _conditional(resp: Response) -> Response:
     return resp
 
 
-@bp.get("/jobs/<job_id>")
+@bp.get("/jobs/<job_id:job_id>")
 def get_job(job_id: str) -> Response:
     with read_only_connection(services().engine) as conn:
         resource = current_resource(conn, read_job(conn, job_id))

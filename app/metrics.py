@@ -9,6 +9,7 @@ prometheus_client (the library reads it at import).
 from __future__ import annotations
 
 import os
+import re
 import time
 
 from flask import Flask, Response, g, request
@@ -80,9 +81,13 @@ class Metrics:
         return generate_latest(self.registry)
 
 
+_CONVERTER = re.compile(r"<\w+:(\w+)>")
+
+
 def _endpoint() -> str:
     # The route template (/v1/jobs/<job_id>), never the raw path: ids would explode cardinality.
-    return request.url_rule.rule if request.url_rule is not None else "unmatched"
+    # Without converter names (<job_id:job_id> is <job_id>): a label does not change with them.
+    return _CONVERTER.sub(r"<\1>", request.url_rule.rule) if request.url_rule is not None else "unmatched"
 
 
 def problem_labels(err: ApiError) -> tuple[str, str, str]:

@@ -15,18 +15,18 @@ from app.health import Health, Ready
 from app.models_api import ModelList
 from app.openapi_examples import TAGS, add_examples, add_tags
 from app.openapi_parts import REF, json_answer, op, param, problems, ref
-from app.schemas import job_create_adapter
+from app.schemas import BATCH_MAX, JobBatchCreate, job_create_adapter
 from app.services import extension
 from models.events import JobEvent, JobEventList
 from models.media_links import IMAGE_FORMATS, VARIANTS
-from models.resource import Job, JobList
+from models.resource import Job, JobBatch, JobList
 from models.settings import Settings
 from models.usage import Usage
 
 bp = Blueprint("openapi", __name__)
 # The models the endpoints serialize their answers with: the document's schemas are theirs.
 RESPONSES: tuple[type[BaseModel], ...] = (
-    *(Job, JobList, Problem, Health, Ready, Usage),
+    *(Job, JobList, JobBatch, Problem, Health, Ready, Usage),
     *webhook_resources.MODELS,
     *(JobEvent, JobEventList),
     ModelList,
@@ -38,6 +38,7 @@ def _schemas(settings: Settings) -> dict[str, Any]:
     out: dict[str, Any] = {}
     named: list[tuple[str, Any, Literal["validation", "serialization"]]] = [
         ("JobCreate", job_create_adapter, "validation"),
+        ("JobBatchCreate", TypeAdapter(JobBatchCreate), "validation"),
         *[(m.__name__, TypeAdapter(m), "serialization") for m in RESPONSES],
         *[(m.__name__, TypeAdapter(m), "validation") for m in webhooks_openapi.REQUESTS],
     ]
@@ -266,9 +267,44 @@ def _paths() -> dict[str, Any]:
             },
         }
     )
+    paths["/v1/jobs/batch"] = {"post": _batch(submit["parameters"][0])}
     add_examples(paths)
     add_tags(paths)
     return paths
+
+
+def _batch(idempotency_key: dict[str, Any]) -> Any:
+    """POST /v1/jobs/batch: its jobs' schema is POST /v1/jobs's, its Idempotency-Key the same."""
+    operation = op(
+        "submitJobBatch",
+        f"Submit up to {BATCH_MAX} jobs at once: all accepted, or none",
+        {
+            "202": json_answer(
+                "JobBatch",
+                "Accepted: the jobs in the order given (or the Idempotency-Key replay of the batch)",
+                {
+                    "Idempotent-Replayed": {
+                        "schema": {"type": "string", "enum": ["true"]},
+                        "description": "Present on an Idempotency-Key replay: the original jobs.",
+                    }
+                },
+            ),
+            **problems(400, 403, 413, 415, 422),
+        },
+        {
+            **idempotency_key,
+            "description": "As on POST /v1/jobs, for the whole batch: a repeat with the same body "
+            "returns the same jobs; with another body, 422.",
+        },
+    )
+    operation["description"] = (
+        "Each job is validated, limited by the plan, counted by the quota (a batch of 50 takes 50 "
+        "slots) and the admission bounds, cached and run exactly as if submitted alone; errors name "
+        "the job by index (`jobs[3].params.width`). The request counts once against the rate limit."
+    )
+    body = {"schema": ref("JobBatchCreate")}
+    operation["requestBody"] = {"required": True, "content": {"application/json": body}}
+    return operation
 
 
 def _media(job_id: Any, variants: Any, binary: Any, unsatisfiable: Any) -> Any:

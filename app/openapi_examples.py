@@ -140,6 +140,16 @@ SUCCEEDED_JOB: dict[str, Any] = QUEUED_JOB | {
 }
 
 
+_SECOND = {
+    "id": "7c1d2e3f-4a5b-4c6d-8e9f-0a1b2c3d4e5f",
+    "queue_position": 4,
+    "modality": "text",
+    "prompt": "a haiku about queues",
+    "params": {"max_new_tokens": 64, "temperature": 0.8, "seed": 7},
+    "metadata": {},
+}
+
+
 def _problem(status: int, title: str, slug: str, detail: str, **extra: Any) -> dict[str, Any]:
     body = {"type": f"{PROBLEM_BASE}{slug}", "title": title, "status": status, "detail": detail}
     return {"summary": title, "value": body | {"errors": []} | extra}
@@ -193,6 +203,11 @@ def add_examples(paths: dict[str, Any]) -> None:
     _job_example(jobs["responses"]["202"], "queued", QUEUED_JOB)
     _job_example(jobs["responses"]["200"], "succeeded", SUCCEEDED_JOB)
     _job_example(paths["/v1/jobs/{job_id}"]["get"]["responses"]["200"], "succeeded", SUCCEEDED_JOB)
+    batch = paths["/v1/jobs/batch"]["post"]
+    two = {"summary": "A video job and a text job", "value": {"jobs": [v["value"] for v in SUBMIT.values()]}}
+    batch["requestBody"]["content"]["application/json"]["examples"] = {"two": two}
+    queued = {"summary": "Both queued", "value": {"jobs": [QUEUED_JOB, QUEUED_JOB | _SECOND]}}
+    batch["responses"]["202"]["content"]["application/json"]["examples"] = {"queued": queued}
     for ops in paths.values():
         for op in ops.values():
             for code, answer in op["responses"].items():

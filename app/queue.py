@@ -128,3 +128,18 @@ class QueueCounts:
             counts = {p: lane.count for p, lane in self._lanes.items()}
         rank = RANK.get(job.priority, RANK["normal"])
         return sum(n for p, n in counts.items() if RANK.get(p, RANK["normal"]) <= rank)
+
+    def positions_of_new(self, jobs: Sequence[Job]) -> list[int]:
+        """position_of_new for jobs just submitted together (a batch, each counted), in their order:
+        each is ahead of the batch's later jobs of its own priority, not of higher ones (the
+        trigger numbered them in their order: one multi-row INSERT)."""
+        with self._lock:
+            counts = {p: lane.count for p, lane in self._lanes.items()}
+        later: dict[str, int] = {}
+        out = []
+        for job in reversed(jobs):
+            rank = RANK.get(job.priority, RANK["normal"])
+            ahead = sum(n for p, n in counts.items() if RANK.get(p, RANK["normal"]) <= rank)
+            out.append(ahead - later.get(job.priority, 0))
+            later[job.priority] = later.get(job.priority, 0) + 1
+        return out[::-1]

@@ -32,16 +32,18 @@ SYNC_S = 5.0
 GRACE_S = 60.0  # longer than any submit takes between reserving and committing its row
 CHUNK = 500  # ids per reconciliation step: memory stays flat however large the backlog grows
 
+# ARGV: score, limit, then the members: all of them fit under the limit together, or none is added
+# (a batch submit reserves its jobs' slots in this one round trip).
 _RESERVE = """
-if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then return 0 end
-redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+if redis.call('ZCARD', KEYS[1]) + #ARGV - 2 > tonumber(ARGV[2]) then return 0 end
+for i = 3, #ARGV do redis.call('ZADD', KEYS[1], ARGV[1], ARGV[i]) end
 redis.call('EXPIRE', KEYS[1], 86400)
 return 1
 """
 
 
 class _Store(Protocol):
-    def try_add(self, key: str, member: str, score: float, limit: int) -> bool: ...
+    def try_add(self, key: str, members: list[str], score: float, limit: int) -> bool: ...
     def chunks(self, key: str, size: int) -> Iterator[dict[str, float]]: ...
     def count(self, key: str) -> int: ...
     def remove(self, key: str, members: list[str]) -> None: ...
@@ -54,8 +56,8 @@ class RedisStore:
         self.client = redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
         self.reserve = self.client.register_script(_RESERVE)
 
-    def try_add(self, key: str, member: str, score: float, limit: int) -> bool:
-        return bool(self.reserve(keys=[key], args=[member, score, limit]))
+    def try_add(self, key: str, members: list[str], score: float, limit: int) -> bool:
+        return bool(self.reserve(keys=[key], args=[score, limit, *members]))
 
     def chunks(self, key: str, size: int) -> Iterator[dict[str, float]]:
         chunk: dict[str, float] = {}
@@ -90,12 +92,12 @@ class MemoryStore:
         self.synced: dict[str, float] = {}
         self.lock = threading.Lock()
 
-    def try_add(self, key: str, member: str, score: float, limit: int) -> bool:
+    def try_add(self, key: str, members: list[str], score: float, limit: int) -> bool:
         with self.lock:
-            members = self.sets.setdefault(key, {})
-            if len(members) >= limit:
+            held = self.sets.setdefault(key, {})
+            if len(held) + len(members) > limit:
                 return False
-            members[member] = score
+            held.update(dict.fromkeys(members, score))
             return True
 
     def chunks(self, key: str, size: int) -> Iterator[dict[str, float]]:
@@ -138,28 +140,30 @@ class ActiveJobs:
     def _key(tenant_id: uuid.UUID) -> str:
         return f"genqueue:active:{tenant_id}"
 
-    def reserve(self, tenant_id: uuid.UUID, job_id: uuid.UUID, limit: int) -> tuple[bool, int]:
-        """(admitted, active count seen). Falls back to a Postgres count when Redis is down."""
-        key = self._key(tenant_id)
+    def reserve(self, tenant_id: uuid.UUID, job_ids: list[uuid.UUID], limit: int) -> tuple[bool, int]:
+        """(admitted, active count seen): a slot for every job in `job_ids`, or for none of them.
+
+        Falls back to a Postgres count when Redis is down."""
+        key, members = self._key(tenant_id), [str(j) for j in job_ids]
         try:
             if self.store.due(key, SYNC_S):
                 self._sync(tenant_id, key)
-            if self.store.try_add(key, str(job_id), time.time(), limit):
+            if self.store.try_add(key, members, time.time(), limit):
                 return True, -1
             self._sync(tenant_id, key)  # refuse only on fresh numbers
-            if self.store.try_add(key, str(job_id), time.time(), limit):
+            if self.store.try_add(key, members, time.time(), limit):
                 return True, -1
             return False, self.store.count(key)
         except redis.RedisError as exc:
             log.warning("quota store unavailable (%s); counting in the database", type(exc).__name__)
             active = self._count(tenant_id)
-            return active < limit, active
+            return active + len(members) <= limit, active
 
-    def release(self, tenant_id: uuid.UUID, job_id: uuid.UUID) -> None:
+    def release(self, tenant_id: uuid.UUID, job_ids: list[uuid.UUID]) -> None:
         try:
-            self.store.remove(self._key(tenant_id), [str(job_id)])
+            self.store.remove(self._key(tenant_id), [str(j) for j in job_ids])
         except redis.RedisError:
-            pass  # the next reconciliation drops it
+            pass  # the next reconciliation drops them
 
     def _count(self, tenant_id: uuid.UUID) -> int:
         with self.sessions() as s:

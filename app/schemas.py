@@ -189,6 +189,23 @@ def _valid_for(param: str) -> list[str]:
     return [m for m in MODALITIES if param in _PARAMS[m]]
 
 
+BATCH_MAX = 500  # jobs per POST /v1/jobs/batch
+
+
+class JobBatchEnvelope(Strict):
+    """POST /v1/jobs/batch's body before its jobs are validated, one by one, as POST /v1/jobs's."""
+
+    jobs: list[Any] = Field(min_length=1, max_length=BATCH_MAX)
+
+
+class JobBatchCreate(JobBatchEnvelope):
+    """Up to 500 jobs, each exactly as POST /v1/jobs takes it: all accepted, or none."""
+
+    jobs: list[JobCreate] = Field(  # the envelope's items, typed
+        min_length=1, max_length=BATCH_MAX, description="The jobs, answered in this order."
+    )
+
+
 def complete_params(req: AnyJobCreate, settings: Settings) -> dict[str, Any]:
     """The params as stored: every omitted one filled from Settings."""
     given = req.params.model_dump(exclude_none=True) if req.params else {}

@@ -33,6 +33,7 @@ from gunicorn.workers.ggevent import GeventWorker
 
 from models import logs  # the standard library and python-json-logger only (models.logs)
 
+BATCH_PATH = "/v1/jobs/batch"  # app.batch's route: the one body that may be max_batch_body_bytes
 _STATUS_LINE = re.compile(rb"^HTTP/1\.[01] (\d{3}) ([^\r\n]*)")
 
 
@@ -101,6 +102,7 @@ class HardenedGeventWorker(GeventWorker):
 
     body_timeout_s = 10.0
     max_body_bytes = 64 * 1024
+    max_batch_body_bytes = 4 * 1024 * 1024  # POST /v1/jobs/batch (BATCH_PATH) only
 
     def load_wsgi(self) -> None:
         # Runs after gevent has patched this process (GeventWorker.init_process), like the app.
@@ -110,6 +112,7 @@ class HardenedGeventWorker(GeventWorker):
         settings = Settings()
         self.body_timeout_s = settings.web_body_timeout_s
         self.max_body_bytes = settings.max_body_bytes
+        self.max_batch_body_bytes = settings.max_batch_body_bytes
 
     def handle_request(self, listener_name: Any, req: Any, sock: Any, addr: Any) -> Any:
         logs.clear()  # the app binds this request's id (app.request_id); the access log reads it
@@ -118,10 +121,11 @@ class HardenedGeventWorker(GeventWorker):
 
     def _buffer_body(self, req: Any, sock: Any) -> None:
         """Read the whole body (up to one byte over the limit) within the deadline, or answer 408."""
+        limit = self.max_batch_body_bytes if req.path == BATCH_PATH else self.max_body_bytes
         timer = gevent.Timeout(self.body_timeout_s)
         timer.start()
         try:
-            data = req.body.read(self.max_body_bytes + 1)
+            data = req.body.read(limit + 1)
         except gevent.Timeout as exc:
             if exc is not timer:
                 raise
@@ -134,7 +138,7 @@ class HardenedGeventWorker(GeventWorker):
         finally:
             timer.close()
         req.body = io.BytesIO(data)
-        if len(data) > self.max_body_bytes:
+        if len(data) > limit:
             req.must_close = True  # the rest is still unread on the socket: the app answers 413
 
     def handle_error(self, req: Any, client: Any, addr: Any, exc: BaseException) -> None:

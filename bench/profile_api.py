@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 import shutil
 import subprocess
 import sys
@@ -40,10 +41,19 @@ def run(args: argparse.Namespace) -> None:
     with servers() as srv, tempfile.TemporaryDirectory() as tmp:
         genqueue = srv.genqueue
         worker_pids = [p.pid for p in srv.genqueue_proc.children()]
+        concurrency = 64
         if args.endpoint == "submit":
 
             def request(_n: int) -> tuple[str, str, object]:
                 return "POST", genqueue + "/v1/jobs", JOB
+
+        elif args.endpoint == "batch":  # POST /v1/jobs/batch, as bench.batch_submit sends it
+            batch = json.dumps({"jobs": [JOB] * args.batch}).encode()
+            srv.headers["Content-Type"] = "application/json"
+            concurrency = 4
+
+            def request(_n: int) -> tuple[str, str, object]:
+                return "POST", genqueue + "/v1/jobs/batch", batch
 
         else:
             import random
@@ -55,7 +65,7 @@ def run(args: argparse.Namespace) -> None:
             def request(_n: int) -> tuple[str, str, object]:
                 return "GET", f"{genqueue}/v1/jobs/{rng.choice(ids)}", None
 
-        run_load(request, duration=1.0, headers=srv.headers)  # warm-up
+        run_load(request, duration=1.0, headers=srv.headers, concurrency=concurrency)  # warm-up
         outs = [Path(tmp, f"{pid}.txt") for pid in worker_pids]
         spies = [
             subprocess.Popen(
@@ -78,7 +88,7 @@ def run(args: argparse.Namespace) -> None:
             )
             for pid, out in zip(worker_pids, outs, strict=True)
         ]
-        load_args = {"duration": args.duration, "headers": srv.headers}
+        load_args = {"duration": args.duration, "headers": srv.headers, "concurrency": concurrency}
         loader = threading.Thread(target=run_load, args=(request,), kwargs=load_args)
         loader.start()
         loader.join()
@@ -93,7 +103,8 @@ def run(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("endpoint", choices=("submit", "poll"))
+    parser.add_argument("endpoint", choices=("submit", "poll", "batch"))
+    parser.add_argument("--batch", type=int, default=500, help="jobs per batch (endpoint batch)")
     parser.add_argument("--duration", type=float, default=8.0)
     parser.add_argument("--top", type=int, default=40)
     parser.add_argument("--gil", action="store_true", help="only the thread holding the GIL (CPU time)")

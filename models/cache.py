@@ -111,6 +111,14 @@ def _lock_key(session: Session, key: str) -> None:
         session.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": int(key[:15], 16)})
 
 
+def lock_keys(session: Session, keys: list[str]) -> None:
+    """Take the locks of several keys at once, in one order (a batch submit): two batches sharing
+    keys then never hold one each while waiting for the other's. find_source takes them again
+    (Postgres advisory locks stack within a transaction)."""
+    for key in sorted(set(keys)):
+        _lock_key(session, key)
+
+
 def find_source(
     session: Session,
     key: str,

@@ -10,7 +10,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from itsdangerous import BadSignature, Signer
+from itsdangerous import BadData, Signer
 from itsdangerous.encoding import base64_decode, base64_encode
 
 from models.settings import Settings
@@ -97,7 +97,7 @@ class MediaSigner:
             if base64_encode(base64_decode(sig)) != sig.encode():
                 return "invalid"
             ok = self._signer().verify_signature(self._message(job_id, variant, int(expires)), sig.encode())
-        except BadSignature:  # malformed base64
+        except BadData:  # malformed base64 (BadData: the decoder's error; BadSignature is one too)
             return "invalid"
         if not ok:
             return "invalid"

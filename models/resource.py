@@ -133,6 +133,10 @@ class JobList(Resource):
     next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null on the last.")
 
 
+class JobBatch(Resource):
+    jobs: list[Job] = Field(description="The batch's jobs, in the order they were submitted.")
+
+
 def _seconds(start: datetime | None, end: datetime | None) -> float | None:
     return round((end - start).total_seconds(), 3) if start and end else None
 
@@ -268,3 +272,8 @@ def job_resource(
 def job_list(jobs: list[Job], next_cursor: str | None) -> dict[str, Any]:
     """A page of GET /v1/jobs."""
     return JobList(data=jobs, next_cursor=next_cursor).public()
+
+
+def job_batch(jobs: list[Job]) -> dict[str, Any]:
+    """The answer of POST /v1/jobs/batch."""
+    return JobBatch(jobs=jobs).public()

@@ -8,14 +8,16 @@ or finish it twice. Callers commit; the event is in the same transaction (outbox
 
 from __future__ import annotations
 
+import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
 from typing import Any
 
 from sqlalchemy import ColumnElement, Update, and_, bindparam, delete, func, inspect, true, update
+from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import Session
 
 from models import events, outbox
@@ -164,6 +166,41 @@ def insert_new(session: Session, job: Job) -> None:
     path: several times cheaper in CPU). `job` stays transient; set created_at/updated_at on it."""
     values = {col: getattr(job, attr) for attr, col in _columns() if attr in job.__dict__}
     session.execute(Job.__table__.insert(), [values])
+
+
+def insert_many(session: Session, jobs: Sequence[Job]) -> None:
+    """insert_new for many jobs, built alike (the same attributes set), in one INSERT.
+
+    On Postgres: `INSERT ... SELECT * FROM unnest(<one array per column>)`, a statement of one
+    parameter per column whatever the number of rows, so neither SQLAlchemy nor psycopg parses
+    and binds a statement of rows x columns placeholders (that cost most of a batch's INSERT).
+    Elsewhere (SQLite): one multi-row VALUES.
+    """
+    columns = [(attr, col) for attr, col in _columns() if attr in jobs[0].__dict__]
+    dialect = session.get_bind().dialect
+    if dialect.name != "postgresql":
+        rows = [{col: getattr(job, attr) for attr, col in columns} for job in jobs]
+        session.execute(Job.__table__.insert(), rows)
+        return
+    sql, json_columns = _unnest_insert(tuple(col for _, col in columns), dialect)
+    arrays = []
+    for attr, col in columns:
+        values = [getattr(job, attr) for job in jobs]
+        if col in json_columns:  # sent as text[], cast to jsonb[] by the statement
+            values = [None if v is None else json.dumps(v) for v in values]
+        arrays.append(values)
+    session.connection().exec_driver_sql(sql, tuple(arrays))
+
+
+@cache
+def _unnest_insert(columns: tuple[str, ...], dialect: Dialect) -> tuple[str, frozenset[str]]:
+    """The INSERT ... unnest statement for these columns (psycopg placeholders) and its JSON columns."""
+    table = Job.__table__
+    types = {col: table.c[col].type.compile(dialect=dialect) for col in columns}
+    json_columns = frozenset(col for col, t in types.items() if t in ("JSON", "JSONB"))
+    names = ", ".join(f'"{col}"' for col in columns)
+    arrays = ", ".join(f"%s::{types[col]}[]" for col in columns)
+    return f"INSERT INTO jobs ({names}) SELECT * FROM unnest({arrays})", json_columns
 
 
 def start_text(session: Session, job_id: uuid.UUID, *, deadline_at: Deadline | None = None) -> Job | None:

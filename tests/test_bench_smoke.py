@@ -19,6 +19,7 @@ SCRIPTS = {
                "--warmup-jobs", "1"],
     "image": ["--rounds", "1", "--requests", "2"],
     "sse": ["--streams", "20", "--jobs", "4", "--duration", "1", "--warmup", "0.5", "--concurrency", "4"],
+    "batch_submit": ["--duration", "1", "--warmup", "0.3", "--batch", "50", "--concurrency", "8"],
 }
 # (metric, whether its ratio must be a positive number: a memory growth baseline may be 0 -> nan)
 EXPECTED = {
@@ -26,6 +27,7 @@ EXPECTED = {
     "pipeline": [("jobs/s (text->video)", True)],
     "memory": [("web RSS growth/1k req", False), ("worker RSS growth/1k jobs", False)],
     "sse": [("submit p99", True), ("streams open", True)],
+    "batch_submit": [("jobs accepted per s", True), ("server CPU per job", True)],
     "image": [("request s (default job)", True), ("images/s (batched)", True)],
 }
 RATIO = re.compile(r" ratio (-?\d+\.\d+|nan)x")

@@ -67,6 +67,11 @@ class ServingSettings(BaseModel):
 
     # -- request limits and job defaults
     max_body_bytes: int = Field(64 * 1024, description="Largest request body; larger ones get 413.")
+    max_batch_body_bytes: int = Field(
+        4 * 1024 * 1024,
+        description="Largest body of POST /v1/jobs/batch (up to 500 jobs); larger ones get 413. "
+        "Every other request has max_body_bytes.",
+    )
     web_body_timeout_s: float = Field(
         10.0,
         description="Seconds a client has to send a request's whole body once its headers are in; "
