@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING, Literal
+
+from models.model_ids import StageName, parse_extra_models, stages
 
 if TYPE_CHECKING:
     from models.settings import Settings
 
-StageName = Literal["text", "video", "image"]
+__all__ = ["StageName", "parse_extra_models", "stages"]  # defined in models.model_ids
+
 
 # Wan-family VAEs downscale 8x and the transformer patches 2x2: sides are multiples of 16.
 DEFAULT_SIDE_MULTIPLE = 16
@@ -71,11 +74,6 @@ def version_package(name: str) -> str | None:
     return next((e.package for e in BUILTIN if e.name == name), None)
 
 
-def stages() -> tuple[str, ...]:
-    """Every stage that has models, in StageName order (a new stage needs no code here)."""
-    return tuple(get_args(StageName))
-
-
 Source = Literal["builtin", "directory", "adapter"]
 
 
@@ -104,20 +102,6 @@ def _id_of(spec: str) -> str:
 def extra_models(settings: Settings) -> list[tuple[str, str, str]]:
     """(stage, id, spec) of each `stage:id=spec` entry of settings.extra_models."""
     return parse_extra_models(settings.extra_models)
-
-
-def parse_extra_models(value: str) -> list[tuple[str, str, str]]:
-    """(stage, id, spec) of each `stage:id=spec` entry; ValueError naming a malformed one."""
-    out = []
-    for item in (i.strip() for i in value.split(",")):
-        if not item:
-            continue
-        head, eq, spec = item.partition("=")
-        stage, colon, model_id = head.partition(":")
-        if not (eq and colon and spec.strip() and model_id.strip()) or stage.strip() not in stages():
-            raise ValueError(f"extra_models entry {item!r} is not like 'text:my-model=/models/dir'")
-        out.append((stage.strip(), model_id.strip(), spec.strip()))
-    return out
 
 
 def default_spec(settings: Settings, stage: str) -> str:

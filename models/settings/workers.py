@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator
 
+from models.model_ids import parse_extra_models
+
 
 class WorkerSettings(BaseModel):
     """Fields of models.settings.Settings (GENQUEUE_<FIELD>)."""
@@ -150,7 +152,5 @@ class WorkerSettings(BaseModel):
     @field_validator("extra_models", "model_swaps")
     @classmethod
     def _extra_models(cls, value: str) -> str:
-        from models.catalog import parse_extra_models  # a light module that needs Settings' class
-
         parse_extra_models(value)  # a malformed entry fails at startup, not per request
         return value
