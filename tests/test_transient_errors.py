@@ -47,3 +47,25 @@ def test_workers_retry_it_and_the_api_answers_503(app, exc: BaseException) -> No
     assert resp.mimetype == "application/problem+json"
     assert resp.headers["Retry-After"]
     assert "server closed" not in resp.get_data(as_text=True)  # internals stay out of the body
+
+
+def _batch_error(cause: BaseException) -> BaseException:
+    try:
+        try:
+            raise cause
+        except Exception as exc:  # as kombu's Redis batch flush does
+            raise kombu.exceptions.BatchPublishError("Redis publish batch failed") from exc
+    except kombu.exceptions.BatchPublishError as wrapped:
+        return wrapped
+
+
+def test_a_batch_publish_broken_by_an_outage_is_one_and_by_a_bug_is_not(app) -> None:
+    assert is_transient(_batch_error(redis.exceptions.ConnectionError("Connection reset by peer")))
+    assert not is_transient(_batch_error(ValueError("a bug")))
+    assert not is_transient(kombu.exceptions.BatchPublishError("no cause"))
+
+    def boom() -> None:
+        raise _batch_error(redis.exceptions.ConnectionError("Connection reset by peer"))
+
+    app.add_url_rule("/test/batch-boom", "batch_boom", boom)
+    assert app.test_client().get("/test/batch-boom").status_code == 503

@@ -29,8 +29,13 @@ TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
 
 
 def is_transient(exc: BaseException) -> bool:
-    """True for an outage worth retrying: one of TRANSIENT_ERRORS, or any driver error that
-    invalidated its connection (SQLAlchemy marks those whatever their class)."""
+    """True for an outage worth retrying: one of TRANSIENT_ERRORS, a batch publish that one of
+    them broke, or any driver error that invalidated its connection (SQLAlchemy marks those
+    whatever their class)."""
     if isinstance(exc, TRANSIENT_ERRORS):
         return True
+    if isinstance(exc, kombu.exceptions.BatchPublishError):
+        # kombu wraps whatever broke its Redis pipeline (a reset connection, mostly) in this
+        # error, with the original as its cause: the outage is the cause's to tell.
+        return exc.__cause__ is not None and is_transient(exc.__cause__)
     return isinstance(exc, sqlalchemy.exc.DBAPIError) and bool(exc.connection_invalidated)
