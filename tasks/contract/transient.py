@@ -27,8 +27,8 @@ TRANSIENT_ERRORS: tuple[type[Exception], ...] = (
     *_REDIS_DOWN,
 )
 
-# kombu's Redis batch publish (5.7, pinned) wraps what broke its pipeline in this error, which
-# the celery-types stubs do not know yet.
+# kombu's Redis batch publish (5.7, pinned) raises this with what broke its pipeline (a reset
+# connection, mostly) as the cause; the celery-types stubs do not know the class yet.
 _BATCH_PUBLISH_ERROR: type[Exception] = kombu.exceptions.BatchPublishError  # type: ignore[attr-defined]
 
 
@@ -38,8 +38,6 @@ def is_transient(exc: BaseException) -> bool:
     whatever their class)."""
     if isinstance(exc, TRANSIENT_ERRORS):
         return True
-    if isinstance(exc, _BATCH_PUBLISH_ERROR):
-        # kombu wraps whatever broke its Redis pipeline (a reset connection, mostly) in this
-        # error, with the original as its cause: the outage is the cause's to tell.
+    if isinstance(exc, _BATCH_PUBLISH_ERROR):  # the cause tells whether it was an outage
         return exc.__cause__ is not None and is_transient(exc.__cause__)
     return isinstance(exc, sqlalchemy.exc.DBAPIError) and bool(exc.connection_invalidated)
