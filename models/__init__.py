@@ -28,7 +28,9 @@ _HOMES = {
     "JobEvent": "models.job", "JobStatus": "models.job", "Modality": "models.job",
     "Priority": "models.job", "Stage": "models.job", "ApiKey": "models.tenant", "Tenant": "models.tenant",
 }  # fmt: skip
-_TABLES = ("models.base", "models.tenant", "models.job", "models.idempotency", "models.webhook")
+_TABLES = (
+    "models.base", "models.tenant", "models.job", "models.job_shots", "models.idempotency", "models.webhook",
+)  # fmt: skip
 
 
 def __getattr__(name: str) -> Any:

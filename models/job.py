@@ -30,12 +30,15 @@ class Stage(StrEnum):
     TEXT = "text"
     VIDEO = "video"
     IMAGE = "image"
+    SHOTS = "shots"  # a storyboard's shots, rendered in parallel on the video queue (models.shots)
+    STITCH = "stitch"  # a storyboard's shots joined into one film
 
 
 class Modality(StrEnum):
     TEXT = "text"
     VIDEO = "video"
     IMAGE = "image"
+    STORYBOARD = "storyboard"
 
 
 class Priority(StrEnum):
@@ -113,6 +116,9 @@ class Job(Base):
     # database on insert (migration 0009's trigger: a sequence per priority); null unless it was
     # inserted queued.
     queue_seq: Mapped[int | None] = mapped_column(BigInteger)
+    # Output variants the job asked for beside its main file (tasks.variants): {name: {"status":
+    # pending | ready | failed, "key", "bytes", "error"}}; null when it asked for none.
+    variants: Mapped[dict[str, Any] | None] = mapped_column(JSONType)
 
     __table_args__ = (
         # Listing is newest first with an id tie-break; status filter uses the same order.

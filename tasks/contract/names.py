@@ -20,6 +20,11 @@ ALL_QUEUES = (TEXT_QUEUE, VIDEO_QUEUE, IMAGE_QUEUE, DEFAULT_QUEUE, WEBHOOKS_QUEU
 GENERATE_TEXT = "genqueue.generate_text"
 GENERATE_VIDEO = "genqueue.generate_video"
 GENERATE_IMAGE = "genqueue.generate_image"
+# A storyboard (tasks.storyboard): start_shots fans the shots out as one group of render_shot
+# tasks; the shot that finishes the set sends stitch_shots, which joins them into one film.
+START_SHOTS = "genqueue.start_shots"
+RENDER_SHOT = "genqueue.render_shot"
+STITCH_SHOTS = "genqueue.stitch_shots"
 COMPENSATE = "genqueue.compensate"
 DELIVER_WEBHOOK = "genqueue.deliver_webhook"
 RELAY_WEBHOOKS = "genqueue.relay_webhooks"
@@ -40,6 +45,19 @@ IMAGE_MIMETYPES = {"png": "image/png", "webp": "image/webp"}
 def image_name(index: int, fmt: str = "png") -> str:
     """The file name of an image job's `index`th image in `fmt` (png | webp)."""
     return image_variant(index, fmt)
+
+
+def shot_name(index: int) -> str:
+    """The file name of a storyboard's `index`th shot (0-based), before the stitch joins them."""
+    return f"shot-{index:02d}.mp4"
+
+
+CONTACT_SHEET_NAME = "contact-sheet.jpg"  # a storyboard's one frame per shot, side by side
+
+
+def shot_task_id(job_id: str, index: int) -> str:
+    """The fixed Celery task id of one storyboard shot's render (duplicates are recognisable)."""
+    return f"{job_id}.shot-{index}"
 
 
 def job_prefix(job_id: uuid.UUID | str) -> str:

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from models import Stage, outbox
 from tasks.contract import names
 from tasks.contract.routing import broker_priority
-from tasks.contract.stages import ENTRY_STAGE, TASKS, stages_from
+from tasks.contract.stages import ENTRY_STAGE, TASKS, chained, stages_from
 
 
 def _stage(app: Celery, jid: str, stage: Stage, prio: int | None, errback: Signature) -> Signature:
@@ -58,7 +58,7 @@ def publish_job(
     jid = str(job_id)
     prio = broker_priority(priority, app.conf.broker_url)
     errback = app.signature(names.COMPENSATE, args=(jid,), immutable=True)
-    start, *rest = stages_from(modality, stage)
+    start, *rest = chained(stages_from(modality, stage))
     first = _stage(app, jid, start, prio, errback)
     # A message's chain is a stack: the next task is popped from its end.
     then = [_stage(app, jid, later, prio, errback) for later in reversed(rest)] or None

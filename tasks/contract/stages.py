@@ -20,11 +20,15 @@ TASKS: Mapping[Stage, str] = {
     Stage.TEXT: names.GENERATE_TEXT,
     Stage.VIDEO: names.GENERATE_VIDEO,
     Stage.IMAGE: names.GENERATE_IMAGE,
+    Stage.SHOTS: names.START_SHOTS,
+    Stage.STITCH: names.STITCH_SHOTS,
 }
 QUEUES: Mapping[Stage, str] = {
     Stage.TEXT: names.TEXT_QUEUE,
     Stage.VIDEO: names.VIDEO_QUEUE,
     Stage.IMAGE: names.IMAGE_QUEUE,
+    Stage.SHOTS: names.DEFAULT_QUEUE,  # only sends the shots' group: the renders go to the video queue
+    Stage.STITCH: names.VIDEO_QUEUE,
 }
 
 # The stages each modality runs, in order: the first is where a job enters (queued -> running),
@@ -33,7 +37,11 @@ PIPELINES: Mapping[Modality, tuple[Stage, ...]] = {
     Modality.TEXT: (Stage.TEXT,),
     Modality.VIDEO: (Stage.TEXT, Stage.VIDEO),
     Modality.IMAGE: (Stage.TEXT, Stage.IMAGE),
+    Modality.STORYBOARD: (Stage.TEXT, Stage.SHOTS, Stage.STITCH),
 }
+# Stages that fan out: a message's chain ends with one, and whoever finishes the fan-out (the
+# storyboard's last shot) sends the stage after it.
+FAN_OUT: frozenset[Stage] = frozenset({Stage.SHOTS})
 ENTRY_STAGE = Stage.TEXT  # every pipeline starts here (models.states.start_text)
 
 
@@ -94,6 +102,30 @@ def stage_specs(settings: Settings) -> Mapping[Stage, StageSpec]:
             # num_images may differ: each request brings its own rows to the one call.
             batch_shape=("width", "height", "steps", "guidance_scale"),
         ),
+        # A storyboard's shots run as video renders (the video model, limits and batching);
+        # this spec is the fan-out task's, which only publishes them.
+        Stage.SHOTS: StageSpec(
+            stage=Stage.SHOTS,
+            task=TASKS[Stage.SHOTS],
+            queue=QUEUES[Stage.SHOTS],
+            model=s.video_model,
+            dtype="auto",
+            soft_time_limit_s=s.video_soft_time_limit_s,
+            time_limit_s=s.video_time_limit_s,
+            batch_max_size=1,
+            batch_max_wait_s=0.0,
+        ),
+        Stage.STITCH: StageSpec(
+            stage=Stage.STITCH,
+            task=TASKS[Stage.STITCH],
+            queue=QUEUES[Stage.STITCH],
+            model="",  # no model: PyAV joins the shots' files
+            dtype="auto",
+            soft_time_limit_s=s.video_soft_time_limit_s,
+            time_limit_s=s.video_time_limit_s,
+            batch_max_size=1,
+            batch_max_wait_s=0.0,
+        ),
     }
 
 
@@ -120,6 +152,14 @@ def stages_from(modality: str, start: Stage | str = ENTRY_STAGE) -> tuple[Stage,
     stages = PIPELINES[Modality(modality)]
     first = as_stage(start)
     return stages[stages.index(first) :] if first in stages else (first,)
+
+
+def chained(stages: tuple[Stage, ...]) -> tuple[Stage, ...]:
+    """The stages one message's chain carries: up to and including the first fan-out stage."""
+    for at, stage in enumerate(stages):
+        if stage in FAN_OUT:
+            return stages[: at + 1]
+    return stages
 
 
 def is_final(modality: str, stage: Stage) -> bool:
