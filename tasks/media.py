@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -44,21 +44,40 @@ def _as_rgb(frames: np.ndarray) -> np.ndarray:
 
 
 def _encode(
-    path: str, fmt: str, codec: str, pix_fmt: str, frames: np.ndarray, rate: int,
+    path: str, fmt: str, codec: str, pix_fmt: str, frames: Iterable[np.ndarray], rate: int,
     stream_options: dict[str, str], container_options: dict[str, str],
 ) -> None:  # fmt: skip
-    """Encode rgb24 frames into one stream of a new container at `path`."""
+    """Encode rgb24 (H, W, 3) frames, all one size, into one stream of a new container at `path`.
+
+    `frames` may be a generator (the stitch streams decoded shots through it); the stream takes its
+    size from the first frame.
+    """
     try:
         with av.open(path, "w", format=fmt, options=container_options) as out:
-            stream: Any = out.add_stream(codec, rate=rate)
-            stream.width, stream.height = frames.shape[2], frames.shape[1]
-            stream.pix_fmt = pix_fmt
-            stream.options = stream_options
+            stream: Any = None
             for frame in frames:
+                if stream is None:
+                    stream = out.add_stream(codec, rate=rate)
+                    stream.width, stream.height = frame.shape[1], frame.shape[0]
+                    stream.pix_fmt = pix_fmt
+                    stream.options = stream_options
                 out.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
+            if stream is None:
+                raise ValueError("no frames to encode")
             out.mux(stream.encode())  # flush the encoder's delayed frames
     except av.FFmpegError as exc:
         raise EncodeError(f"{codec}: {exc}") from exc
+
+
+def encode_h264(path: str, frames: Iterable[np.ndarray], fps: int, crf: int = 20) -> None:
+    """Encode even-sided uint8 (H, W, 3) frames as H.264/yuv420p MP4 at `path` (not atomic: callers
+    pass a temp name); the one encoder setup that encode_mp4 and the storyboard stitch share."""
+    if fps < 1:
+        raise ValueError(f"fps must be >= 1, got {fps}")
+    _encode(
+        path, "mp4", "libx264", "yuv420p", frames, fps,
+        {"crf": str(crf), "preset": "veryfast"}, {"movflags": "+faststart"},
+    )  # fmt: skip
 
 
 def encode_mp4(frames: np.ndarray, fps: int, path: str, crf: int = 20) -> dict[str, int]:
@@ -71,10 +90,7 @@ def encode_mp4(frames: np.ndarray, fps: int, path: str, crf: int = 20) -> dict[s
     arr = _as_rgb(frames)
     count, height, width = arr.shape[:3]
     with _atomic_path(path) as tmp:
-        _encode(
-            tmp, "mp4", "libx264", "yuv420p", arr, fps,
-            {"crf": str(crf), "preset": "veryfast"}, {"movflags": "+faststart"},
-        )  # fmt: skip
+        encode_h264(tmp, arr, fps, crf)
         size = os.path.getsize(tmp)
     return {"bytes": size, "frames": count, "width": width, "height": height, "fps": fps}
 
