@@ -41,6 +41,8 @@ RETRY_MIN_S, RETRY_MAX_S, RETRY_UNKNOWN_S = 1, 300, 30
 QUOTA_RETRY_S = 5
 
 
+VIDEO_QUEUE_MODALITIES = ("video", "storyboard")  # the jobs that wait for the video queue
+
 BACKLOG_REASONS: dict[str, Reason] = {
     "text": "text_backlog",
     "video": "video_backlog",
@@ -96,7 +98,7 @@ class Admission:
                 rate = done / THROUGHPUT_WINDOW_S
         return Backlog(
             text=sum(n for _, st, n in rows if st == JobStatus.QUEUED),
-            video=sum(n for mod, _, n in rows if mod == "video"),
+            video=sum(n for mod, _, n in rows if mod in VIDEO_QUEUE_MODALITIES),
             image=sum(n for mod, _, n in rows if mod == "image"),
             active=sum(n for _, _, n in rows),
             finished_per_s=rate,
@@ -165,7 +167,7 @@ class Admission:
             )
         self.check_backlog(
             len(jobs),
-            video=sum(1 for j in jobs if j.modality == "video"),
+            video=sum(1 for j in jobs if j.modality in VIDEO_QUEUE_MODALITIES),
             image=sum(1 for j in jobs if j.modality == "image"),
         )
         ids = [j.id for j in jobs]

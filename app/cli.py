@@ -96,7 +96,12 @@ def _wait(client: Any, location: str, poll_s: float = 0.1) -> dict[str, Any]:
 
 @main.command()
 @click.argument("prompt")
-@click.option("--modality", type=click.Choice(["video", "text", "image"]), default="video", show_default=True)
+@click.option(
+    "--modality",
+    type=click.Choice(["video", "text", "image", "storyboard"]),
+    default="video",
+    show_default=True,
+)
 @click.option("--data-dir", type=click.Path(path_type=Path), default=DEFAULT_DATA_DIR, show_default=True)
 @click.option("--param", "params", multiple=True, metavar="KEY=VALUE", help="Job params, e.g. num_frames=17.")
 def demo(prompt: str, modality: str, data_dir: Path, params: tuple[str, ...]) -> None:
@@ -106,7 +111,7 @@ def demo(prompt: str, modality: str, data_dir: Path, params: tuple[str, ...]) ->
     from tasks.embedded import embedded_dev_key, embedded_settings, embedded_worker, preload_kinds
 
     # Load only the models this job runs (the text stage always runs).
-    preload = "text" if modality == "text" else f"text,{modality}"
+    preload = {"text": "text", "storyboard": "text,video"}.get(modality, f"text,{modality}")
     settings = embedded_settings(data_dir, worker_preload=preload)
     job_params = {
         k: json.loads(v) if v[:1].isdigit() or v in ("true", "false") else v
@@ -127,10 +132,21 @@ def demo(prompt: str, modality: str, data_dir: Path, params: tuple[str, ...]) ->
         err = job.get("error") or {}
         raise click.ClickException(f"job {job['status']}: {err.get('code')}: {err.get('message')}")
     click.echo(f"Text: {job['outputs']['text']}")
-    from tasks.contract.names import VIDEO_NAME, artifact_key, image_name, job_dir
+    from tasks.contract.names import (
+        CONTACT_SHEET_NAME,
+        VIDEO_NAME,
+        artifact_key,
+        image_name,
+        job_dir,
+        shot_name,
+    )
 
     if modality == "video":
         files = [("Video", VIDEO_NAME)]
+    elif modality == "storyboard":  # the film, its contact sheet and each shot's clip
+        shots = (job.get("storyboard") or {}).get("shots") or []
+        files = [("Film", VIDEO_NAME), ("Contact sheet", CONTACT_SHEET_NAME)]
+        files += [(f"Shot {s['index']}", shot_name(s["index"])) for s in shots]
     else:  # an image job's PNGs; a text job has no files
         files = [("Image", image_name(index)) for index in range(len(job["outputs"].get("images") or []))]
     for label, name in files:

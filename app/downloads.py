@@ -22,34 +22,79 @@ from app.services import services
 from models import Job, JobStatus
 from models.job import Modality
 from models.media_links import IMAGE_FORMATS, image_count, image_variant, parse_image_variant
-from tasks.contract.names import IMAGE_MIMETYPES, THUMBNAIL_NAME, image_name
+from tasks.contract.names import (
+    CONTACT_SHEET_NAME,
+    IMAGE_MIMETYPES,
+    THUMBNAIL_NAME,
+    artifact_key,
+    image_name,
+    shot_name,
+)
 
 # The media type of each fixed-name file variant; an image job's files are image-<index>.<format>.
-FILE_VARIANTS: dict[str, str] = {"video": "video/mp4", "thumbnail": "image/jpeg"}
+FILE_VARIANTS: dict[str, str] = {
+    "video": "video/mp4",
+    "thumbnail": "image/jpeg",
+    "contact_sheet": "image/jpeg",
+}
 # The variant GET /v1/jobs/{id}/content serves when the query names none.
-DEFAULT_VARIANT: dict[str, str] = {Modality.TEXT: "text", Modality.VIDEO: "video", Modality.IMAGE: "image"}
-# What ?variant= may say; `image` takes `index` and `format` (the signed links name the file itself).
-CONTENT_VARIANTS = ("video", "text", "thumbnail", "image")
+DEFAULT_VARIANT: dict[str, str] = {
+    Modality.TEXT: "text", Modality.VIDEO: "video", Modality.IMAGE: "image", Modality.STORYBOARD: "video",
+}  # fmt: skip
+# What ?variant= may say; `image` takes `index` and `format`, `shot` takes `index` (the signed
+# links name the file itself: image-<index>.<format>, shot-<index>).
+CONTENT_VARIANTS = ("video", "text", "thumbnail", "image", "shot", "contact_sheet")
+FILMS = (Modality.VIDEO, Modality.STORYBOARD)  # the jobs whose output is one MP4
+
+
+def shot_variant(index: int) -> str:
+    """The file variant of a storyboard's `index`th shot."""
+    return f"shot-{index}"
+
+
+def parse_shot_variant(variant: str) -> int | None:
+    """The shot index of a `shot-<index>` file variant; None for any other name."""
+    head, _, tail = variant.partition("-")
+    if head != "shot" or not (tail.isascii() and tail.isdigit() and len(tail) <= 2):
+        return None
+    return int(tail)
 
 
 def has_variant(modality: str, variant: str) -> bool:
-    """Whether a job of `modality` ever has the file variant `variant` (thumbnail, video, image-N.fmt)."""
+    """Whether a job of `modality` ever has the file variant `variant` (thumbnail, video,
+    image-N.fmt, a storyboard's contact_sheet and shot-N)."""
     if variant == "thumbnail":
-        return modality in (Modality.VIDEO, Modality.IMAGE)
+        return modality in (*FILMS, Modality.IMAGE)
     if variant == "video":
-        return modality == Modality.VIDEO
+        return modality in FILMS
+    if modality == Modality.STORYBOARD:
+        return variant == "contact_sheet" or parse_shot_variant(variant) is not None
     return modality == Modality.IMAGE and parse_image_variant(variant) is not None
+
+
+def _shot_object(job: Job, index: int) -> tuple[str, str] | None:
+    """A storyboard shot's clip: there from its render on, while the job runs too."""
+    if job.status not in (JobStatus.RUNNING, JobStatus.SUCCEEDED) or index >= int(
+        (job.params or {}).get("shots", 0)
+    ):
+        return None
+    return artifact_key(job.id, shot_name(index)), FILE_VARIANTS["video"]
 
 
 def object_of(job: Job, variant: str) -> tuple[str, str] | None:
     """(storage key, media type) of a succeeded job's file variant (a cached copy's are its
     source's); None while the job has not succeeded or when it has no such file (an image index
-    beyond its count)."""
+    beyond its count). A storyboard's shots are the exception: each is there once rendered."""
+    shot = parse_shot_variant(variant) if job.modality == Modality.STORYBOARD else None
+    if shot is not None:
+        return _shot_object(job, shot)
     if job.status != JobStatus.SUCCEEDED or not job.artifact_path or not has_variant(job.modality, variant):
         return None
     folder = PurePosixPath(job.artifact_path).parent  # the video's or the first PNG's folder
     if variant == "thumbnail":
         return str(folder / THUMBNAIL_NAME), FILE_VARIANTS[variant]
+    if variant == "contact_sheet":
+        return str(folder / CONTACT_SHEET_NAME), FILE_VARIANTS[variant]
     if variant == "video":
         return job.artifact_path, FILE_VARIANTS[variant]
     parsed = parse_image_variant(variant)

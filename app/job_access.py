@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import uuid
+from collections.abc import Sequence
 from typing import Any, cast
 
 from flask import current_app
@@ -19,7 +20,8 @@ from app.errors import NotFound
 from app.published import PublishedMarks
 from app.queue import QueueCounts
 from app.services import extension, services
-from models import Job
+from models import Job, shot_states
+from models.job import Modality
 from models.plans import Plan
 from models.resource import Job as JobResource
 from models.resource import job_model
@@ -100,20 +102,21 @@ def queue_positions(session: Session | Connection, jobs: list[Job]) -> dict[uuid
     return queue_counts().positions(session, jobs)
 
 
-def model_of(job: Job, position: int | None) -> JobResource:
+def model_of(job: Job, position: int | None, shots: Sequence[Any] | None = None) -> JobResource:
     """The job resource as this API answers it: its links, signed ones included, both lifetimes
     (expires_at, the signed links') from the caller's plan, whose jobs they are."""
     settings = services().settings
     plan = Plan.effective(settings, current_principal().plan_overrides)
     base = settings.public_base_url.rstrip("/")
     signer, signed_base = media.signer(plan.media_url_ttl_s), media.signed_base_url()
-    return job_model(job, base, position, signer, signed_base, plan.retention_s)
+    return job_model(job, base, position, signer, signed_base, plan.retention_s, shots)
 
 
-def resource_of(job: Job, position: int | None) -> dict[str, Any]:
-    return model_of(job, position).public()
+def resource_of(job: Job, position: int | None, shots: Sequence[Any] | None = None) -> dict[str, Any]:
+    return model_of(job, position, shots).public()
 
 
 def current_resource(session: Session | Connection, job: Job) -> dict[str, Any]:
-    """The job's resource with its queue position now."""
-    return resource_of(job, queue_positions(session, [job]).get(job.id))
+    """The job's resource with its queue position now (and a storyboard's shots)."""
+    shots = shot_states.rows(session, job.id) if job.modality == Modality.STORYBOARD else None
+    return resource_of(job, queue_positions(session, [job]).get(job.id), shots)

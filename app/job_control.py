@@ -13,7 +13,8 @@ from app.job_access import current_resource, load_job, published_marks
 from app.services import services
 from models import Job, JobStatus, Modality, cache, retention, states
 from models.db import transaction
-from tasks.contract.names import job_prefix, stage_task_id
+from models.job_shots import MAX_SHOTS
+from tasks.contract.names import job_prefix, shot_task_id, stage_task_id
 from tasks.contract.publish import publish_compensation, publish_job
 from tasks.contract.stages import PIPELINES
 
@@ -85,6 +86,8 @@ def _request_compensation(job_id: uuid.UUID) -> None:
 def _revoke(job_id: str, modality: str) -> None:
     """Best effort: workers skip these messages; a running stage notices the status itself."""
     ids = [stage_task_id(job_id, stage) for stage in PIPELINES[Modality(modality)]]
+    if modality == Modality.STORYBOARD:  # its queued shots: every index it may have (a few ids)
+        ids += [shot_task_id(job_id, index) for index in range(MAX_SHOTS)]
     try:
         services().celery.control.revoke(ids)
     except Exception as exc:

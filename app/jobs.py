@@ -21,7 +21,15 @@ from app.admission import admission
 from app.auth import current_principal, owned
 from app.body import json_body
 from app.body import parse as parse_body
-from app.downloads import CONTENT_VARIANTS, DEFAULT_VARIANT, has_variant, image_query, object_of, send_variant
+from app.downloads import (
+    CONTENT_VARIANTS,
+    DEFAULT_VARIANT,
+    has_variant,
+    image_query,
+    object_of,
+    send_variant,
+    shot_variant,
+)
 from app.errors import (
     BadRequest,
     Conflict,
@@ -187,6 +195,25 @@ def list_jobs() -> Response:
     return jsonify(job_list(data, _encode_cursor(page[-1]) if more else None))
 
 
+def _shot(job: Job, index: str) -> Response:
+    """A storyboard's shot clip: 404 beyond its shots, 409 until that shot has rendered."""
+    if job.modality != "storyboard":
+        raise NotFound(f"A {job.modality} job has no shots.")
+    found = object_of(job, shot_variant(int(index)))
+    if found is None:
+        shots = int((job.params or {}).get("shots", 0))
+        if int(index) >= shots:
+            raise NotFound(f"The storyboard has {shots} shots; there is no shot {int(index)}.")
+        raise Conflict(
+            f"The job is {job.status}; shot {int(index)} is not ready.", extra={"job_status": job.status}
+        )
+    if services().storage.stat(found[0]) is None:
+        if job.status == JobStatus.RUNNING:
+            raise Conflict(f"Shot {int(index)} is not rendered yet.", extra={"job_status": job.status})
+        raise NotFound(f"Job {job.id} has no shot {int(index)} (any more).")
+    return send_variant(job, shot_variant(int(index)))
+
+
 @bp.get("/jobs/<job_id>/content")
 def content(job_id: str) -> Response:
     svc = services()
@@ -211,6 +238,8 @@ def content(job_id: str) -> Response:
             )
         return _conditional(Response(job.output_text, mimetype="text/plain"))
     file_variant = image_file if variant == "image" and image_file is not None else variant
+    if variant == "shot":
+        return _shot(job, request.args.get("index", "0"))
     if not has_variant(job.modality, file_variant):
         raise NotFound(f"{'An' if job.modality == 'image' else 'A'} {job.modality} job has no {variant}.")
     if job.status != JobStatus.SUCCEEDED or not job.artifact_path:

@@ -6,13 +6,12 @@ from collections.abc import Mapping
 
 from app.errors import ValidationFailed
 from models import catalog
-from models.job import Modality
 from models.settings import Settings
-from tasks.contract.stages import PIPELINES
+from tasks.contract.stages import PIPELINES, model_stages
 
 
 def _modalities_running(stage: str) -> list[str]:
-    return [str(m) for m, stages in PIPELINES.items() if stage in stages]
+    return [str(m) for m, stages in PIPELINES.items() if stage in model_stages(m)]
 
 
 def choose(
@@ -24,7 +23,7 @@ def choose(
     A plain id names the model of the job's last stage (the one that makes its output). Raises
     ValidationFailed (422) naming `model` or `model.<stage>` for an unknown model or stage.
     """
-    stages = [str(s) for s in PIPELINES[Modality(modality)]]
+    stages = [str(s) for s in model_stages(modality)]
     named: dict[str, tuple[str, str]] = {}  # stage -> (the request field, the id)
     errors: list[dict[str, str]] = []
     if isinstance(asked, str):

@@ -19,7 +19,7 @@ from models.cache import spec_version
 from models.plans import Plan
 from models.resource import Resource
 from models.swaps import Swaps
-from tasks.contract.stages import PIPELINES, QUEUES, as_stage
+from tasks.contract.stages import PIPELINES, QUEUES, as_stage, model_stages
 
 log = logging.getLogger("genqueue.api")
 bp = Blueprint("models", __name__, url_prefix="/v1")
@@ -61,7 +61,7 @@ def _params_by_modality() -> dict[str, type[BaseModel]]:
 
 
 def _modalities(stage: str) -> list[str]:
-    return [str(m) for m, stages in PIPELINES.items() if stage in stages]
+    return [str(m) for m in PIPELINES if stage in model_stages(m)]
 
 
 @functools.cache

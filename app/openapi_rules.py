@@ -8,7 +8,7 @@ from app.schemas import ListQuery, UsageQuery
 from models import catalog
 from models.job import Modality
 from models.settings import Settings
-from tasks.contract.stages import PIPELINES
+from tasks.contract.stages import model_stages
 
 # Regexes are written with \\u escapes: ECMA-262 (the document's dialect) and Python's re read them
 # alike. Lone surrogates (Cs, which the validators also refuse or remove) are left out of them: they
@@ -85,7 +85,7 @@ def _url(schema: dict[str, Any]) -> None:
 
 def tighten(schemas: dict[str, Any]) -> None:
     """Add the validators' rules to the named component schemas, in place."""
-    for name in ("TextJobCreate", "VideoJobCreate", "ImageJobCreate"):
+    for name in ("TextJobCreate", "VideoJobCreate", "ImageJobCreate", "StoryboardJobCreate"):
         props = schemas[name]["properties"]
         props["prompt"]["pattern"] = PROMPT_PATTERN
         props["prompt"]["description"] = (
@@ -96,11 +96,12 @@ def tighten(schemas: dict[str, Any]) -> None:
         metadata["propertyNames"]["pattern"] = NO_CONTROL_PATTERN
         metadata["additionalProperties"]["pattern"] = NO_CONTROL_PATTERN
     # The models are strict: JSON has one number type, and to JSON Schema 256.0 is an integer.
-    for name in ("TextParams", "VideoParams", "ImageParams"):
+    for name in ("TextParams", "VideoParams", "ImageParams", "StoryboardParams"):
         schemas[name]["description"] += " " + INTEGERS_NOTE
     # VideoParams._four_k_plus_one: JSON Schema has no "4k+1", so the values are listed.
-    frames = _alt(schemas["VideoParams"]["properties"]["num_frames"], "integer")
-    frames["enum"] = list(range(frames["minimum"], frames["maximum"] + 1, 4))
+    for name in ("VideoParams", "StoryboardParams"):
+        frames = _alt(schemas[name]["properties"]["num_frames"], "integer")
+        frames["enum"] = list(range(frames["minimum"], frames["maximum"] + 1, 4))
     for name in ("WebhookSubscription", "EndpointCreate"):
         _url(schemas[name]["properties"]["url"])
     _alt(schemas["EndpointCreate"]["properties"]["description"], "string")["pattern"] = NO_CONTROL_PATTERN
@@ -116,7 +117,7 @@ def model_choices(schemas: dict[str, Any], settings: Settings) -> None:
         modality = schema.get("properties", {}).get("modality", {}).get("const")
         if modality not in set(Modality) or "model" not in schema["properties"]:
             continue
-        stages = [str(s) for s in PIPELINES[Modality(modality)]]
+        stages = [str(s) for s in model_stages(modality)]
         prop = schema["properties"]["model"]
         one = {"type": "string", "enum": ids.get(stages[-1], []), "description": f"A {stages[-1]} model id."}
         each = {

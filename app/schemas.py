@@ -30,6 +30,7 @@ from pydantic_core import PydanticCustomError
 from app.body import StorableStr
 from app.webhook_schemas import WebhookSubscription
 from models.catalog import StageName
+from models.job_shots import MAX_SHOTS, MIN_SHOTS
 from models.media_links import MAX_IMAGES
 from models.settings import Settings
 from models.usage import parse_time
@@ -38,6 +39,7 @@ SEED_MAX = 2**32 - 1
 DEFAULT_TEMPERATURE = 0.0  # greedy, as TextRequest defaults
 METADATA_MAX_KEYS = 16
 METADATA_MAX_CHARS = 256
+DEFAULT_SHOTS = 4  # a storyboard's, when params.shots is omitted
 PROMPT_MAX_CHARS = 4000  # the documented default; Settings.prompt_max_chars is enforced
 _KEEP_CONTROL = {"\n", "\t"}
 _STATUS = "(queued|running|succeeded|failed|canceled)"
@@ -72,6 +74,22 @@ class VideoParams(TextParams):
         if v is not None and (v - 1) % 4:
             raise PydanticCustomError("num_frames", "must be 4k+1 (1, 5, 9, ..., 121)")
         return v
+
+
+class StoryboardParams(VideoParams):
+    """Parameters of a storyboard: its shot count, and the video params every shot renders with."""
+
+    shots: int | None = Field(
+        None, ge=MIN_SHOTS, le=MAX_SHOTS, description="Shots in the film, rendered in parallel. Default: 4."
+    )
+    max_new_tokens: int | None = Field(
+        None, ge=1, le=512, description="The shot list's token budget. Default: 40 per shot + 24."
+    )
+    enhance_prompt: bool | None = Field(
+        None,
+        description="Let the text model write the title and shots (the default); false: the prompt "
+        "is split into the shots as written (by sentence or line).",
+    )
 
 
 class ImageParams(TextParams):
@@ -173,15 +191,24 @@ class ImageJobCreate(JobCreateBase):
     params: ImageParams | None = None
 
 
-AnyJobCreate = TextJobCreate | VideoJobCreate | ImageJobCreate
+class StoryboardJobCreate(JobCreateBase):
+    """A storyboard: the prompt becomes a title and `shots` shot descriptions, rendered in parallel
+    as clips, then stitched into one MP4 with a contact sheet."""
+
+    modality: Literal["storyboard"]
+    params: StoryboardParams | None = None
+
+
+AnyJobCreate = TextJobCreate | VideoJobCreate | ImageJobCreate | StoryboardJobCreate
 JobCreate = Annotated[AnyJobCreate, Field(discriminator="modality")]
 job_create_adapter: TypeAdapter[AnyJobCreate] = TypeAdapter(JobCreate)
-MODALITIES = ("text", "video", "image")
+MODALITIES = ("text", "video", "image", "storyboard")
 # Each modality's own params: naming the modality that takes a param the job's does not.
 _PARAMS: dict[str, set[str]] = {
     "text": set(TextParams.model_fields),
     "video": set(VideoParams.model_fields),
     "image": set(ImageParams.model_fields),
+    "storyboard": set(StoryboardParams.model_fields),
 }
 
 
@@ -214,7 +241,7 @@ def complete_params(req: AnyJobCreate, settings: Settings) -> dict[str, Any]:
         "temperature": DEFAULT_TEMPERATURE,
         "seed": secrets.randbelow(SEED_MAX + 1),
     }
-    if req.modality == "video":
+    if req.modality in ("video", "storyboard"):
         params |= {
             "width": settings.default_width,
             "height": settings.default_height,
@@ -223,6 +250,9 @@ def complete_params(req: AnyJobCreate, settings: Settings) -> dict[str, Any]:
             "steps": settings.default_steps,
             "allow_degraded": False,
         }
+    if req.modality == "storyboard":
+        shots = req.params.shots if req.params and req.params.shots else DEFAULT_SHOTS
+        params |= {"shots": shots, "max_new_tokens": min(512, 40 * shots + 24), "enhance_prompt": True}
     elif req.modality == "image":
         params |= {
             "width": settings.default_image_width,
@@ -256,7 +286,8 @@ def field_errors(exc: ValidationError, body: Any) -> list[dict[str, str]]:
             message = "unknown field"
             takes = _valid_for(loc[-1]) if loc[:1] == ["params"] and len(loc) == 2 else []
             if takes and modality in MODALITIES:
-                message = f"only valid for {' and '.join(takes)} jobs"
+                names = ", ".join(takes[:-1]) + " and " + takes[-1] if len(takes) > 1 else takes[0]
+                message = f"only valid for {names} jobs"
         out.append({"field": ".".join(loc) or "body", "message": message})
     return out
 

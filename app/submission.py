@@ -121,7 +121,8 @@ def prepare(who: Principal, req: Request, now: datetime) -> Submission:
         updated_at=now,
     )
     seeded = req.params is not None and req.params.seed is not None  # the same seed, the same output
-    cacheable = settings.cache_enabled and req.cache is not False and seeded
+    # A storyboard is not reused whole: its shots and their files are its own (models.shot_states).
+    cacheable = settings.cache_enabled and req.cache is not False and seeded and req.modality != "storyboard"
     # The key covers the versions that will run: the catalog with the hot swaps in effect.
     key = cache.cache_key(models_in, job.modality, job.prompt, params, models) if cacheable else None
     return Submission(job, key, resolved_models(models_in, models))

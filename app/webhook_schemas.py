@@ -10,8 +10,15 @@ from pydantic_core import PydanticCustomError
 from app.body import StorableStr
 from models import ssrf
 
+# models.webhook.ALL_EVENTS as a type (tests/test_webhook* checks they name the same events).
 EventType = Literal[
-    "job.started", "job.text.completed", "job.progress", "job.succeeded", "job.failed", "job.canceled"
+    "job.started",
+    "job.text.completed",
+    "job.progress",
+    "job.shot.completed",
+    "job.succeeded",
+    "job.failed",
+    "job.canceled",
 ]
 
 

@@ -11,6 +11,8 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from models.base import Base, UTCDateTime, utcnow
 
+MIN_SHOTS, MAX_SHOTS = 2, 12  # a storyboard's shots (params.shots)
+
 
 class ShotStatus(StrEnum):
     QUEUED = "queued"

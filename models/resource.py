@@ -8,6 +8,8 @@ model without it, or a value for a field the model lacks, is a ValidationError a
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -19,6 +21,7 @@ from models.media_links import MAX_IMAGES, MediaSigner, image_count, image_varia
 from models.retention import expires_at
 
 Status = Literal["queued", "running", "succeeded", "failed", "canceled"]
+FILM_MODALITIES = (Modality.VIDEO, Modality.STORYBOARD)  # the jobs whose output is an MP4
 
 
 class Resource(BaseModel):
@@ -73,6 +76,37 @@ class JobError(Resource):
     stage: str | None
 
 
+class StoryboardShot(Resource):
+    """One shot of a storyboard: its description, its render's state and, once rendered, its clip."""
+
+    index: int = Field(ge=0, description="0-based place in the film.")
+    status: Literal["queued", "running", "succeeded", "failed", "canceled"] = Field(
+        description="`canceled`: the job ended (failed or canceled) before this shot rendered."
+    )
+    description: str = Field(description="What the text stage wrote for this shot (the video prompt).")
+    progress: int = Field(ge=0, le=100)
+    attempts: int = Field(description="Renders of this shot: retries and redeliveries included.")
+    frames: int | None
+    seconds: float | None = Field(description="The render's wall time.")
+    video_url: str | None = Field(description="The shot's own MP4, once rendered (also while the job runs).")
+    error: JobError | None
+
+
+class Storyboard(Resource):
+    """A storyboard job's shot list and shots (GET /v1/jobs/{id}); the film is outputs.video_url."""
+
+    title: str | None = Field(description="The film's title from the text stage; null before it.")
+    parsed: Literal["json", "repaired", "split"] | None = Field(
+        description="How the text model's answer became the shot list: valid JSON, repaired JSON, "
+        "or split from its text (a storyboard never fails on the answer's format)."
+    )
+    shots: list[StoryboardShot] | None = Field(
+        description="Every shot, in film order, once the text stage wrote them; null in listings "
+        "and webhook payloads (GET the job for them)."
+    )
+    contact_sheet_url: str | None = Field(description="One frame per shot as a JPEG, once the film is ready.")
+
+
 class JobTimings(Resource):
     created_at: str | None
     started_at: str | None
@@ -97,10 +131,10 @@ class Job(Resource):
     id: str
     object: Literal["job"]
     status: Status
-    stage: Literal["text", "video", "image"] | None
+    stage: Literal["text", "video", "image", "shots", "stitch"] | None
     progress: int = Field(ge=0, le=100)
     queue_position: int | None = Field(description="1-based place among queued jobs; null unless queued.")
-    modality: Literal["text", "video", "image"]
+    modality: Literal["text", "video", "image", "storyboard"]
     prompt: str
     params: dict[str, Any] = Field(description="Complete: every omitted param filled with its default.")
     priority: Literal["high", "normal", "low"]
@@ -125,6 +159,9 @@ class Job(Resource):
     data_removed: bool = Field(
         description="The outputs, prompt and files were removed (expired, or DELETE); content and "
         "signed links answer 410. The job still counts in usage."
+    )
+    storyboard: Storyboard | None = Field(
+        None, description="A storyboard job's title and shots; absent on other jobs."
     )
 
 
@@ -196,11 +233,15 @@ def job_model(
     signer: MediaSigner | None = None,
     signed_base_url: str = "",
     retention_s: int | None = None,
+    shots: Sequence[Any] | None = None,
 ) -> Job:
-    """The job as GET /v1/jobs/{id} returns it; signed links (absolute: `signed_base_url`) with a signer."""
+    """The job as GET /v1/jobs/{id} returns it; signed links (absolute: `signed_base_url`) with a signer.
+
+    `shots`: a storyboard's job_shots rows (models.shot_states.rows), where the answer has them.
+    """
     ready = job.status == JobStatus.SUCCEEDED
     content = f"{base_url}/v1/jobs/{job.id}/content"
-    has_video = bool(ready and job.modality == Modality.VIDEO and job.artifact_path)
+    has_video = bool(ready and job.modality in FILM_MODALITIES and job.artifact_path)
     has_images = bool(ready and job.modality == Modality.IMAGE and job.artifact_path)
     # The usage definition (models.usage): every attempt's GPU share, not the last attempt's wall time.
     gpu = [s for s in (job.text_gpu_s, job.video_gpu_s, job.image_gpu_s) if s is not None]
@@ -254,6 +295,44 @@ def job_model(
         # Retention (models.retention): when the outputs go, and whether they have.
         expires_at=iso(expires_at(job, retention_s)),
         data_removed=job.data_removed_at is not None,
+        **({"storyboard": _storyboard(job, content, shots)} if job.modality == Modality.STORYBOARD else {}),
+    )
+
+
+def _storyboard(job: JobRow, content: str, shots: Sequence[Any] | None) -> Storyboard:
+    """The storyboard's title (from the stored shot list) and its shots' states."""
+    plan: dict[str, Any] = {}
+    if job.output_text:
+        try:
+            plan = json.loads(job.output_text)
+        except ValueError:
+            plan = {}
+    active = job.status in (JobStatus.QUEUED, JobStatus.RUNNING)
+    shots_out = None
+    if shots is not None:
+        shots_out = [
+            StoryboardShot(
+                index=shot.idx,
+                # An open shot of a job that ended will not render.
+                status=shot.status if active or shot.status in ("succeeded", "failed") else "canceled",
+                description=shot.description,
+                progress=shot.progress,
+                attempts=shot.attempts,
+                frames=shot.frames,
+                seconds=shot.seconds,
+                video_url=f"{content}?variant=shot&index={shot.idx}" if shot.status == "succeeded" else None,
+                error=JobError(code=shot.error_code, message=shot.error_message, stage="shots")
+                if shot.error_code
+                else None,
+            )
+            for shot in shots
+        ]
+    ready = job.status == JobStatus.SUCCEEDED and bool(job.artifact_path)
+    return Storyboard(
+        title=plan.get("title"),
+        parsed=plan.get("parsed"),
+        shots=shots_out,
+        contact_sheet_url=f"{content}?variant=contact_sheet" if ready else None,
     )
 
 

@@ -261,6 +261,9 @@ STAGE_COLUMNS: dict[Stage, StageColumns] = {
     Stage.TEXT: StageColumns("text_s", "text_gpu_s", "text_model", "tokens_generated"),
     Stage.VIDEO: StageColumns("video_s", "video_gpu_s", "video_model", "frames_rendered"),
     Stage.IMAGE: StageColumns("image_s", "image_gpu_s", "image_model", "images_rendered"),
+    # A storyboard's shots and stitch make its video: the video columns hold them.
+    Stage.SHOTS: StageColumns("video_s", "video_gpu_s", "video_model", "frames_rendered"),
+    Stage.STITCH: StageColumns("video_s", "video_gpu_s", "video_model", "frames_rendered"),
 }
 
 

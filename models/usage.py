@@ -146,7 +146,8 @@ def usage(
         groups = [{"key": r.key, **_row(r)} for r in _grouped(session, where, Job.modality, None)]
     elif group_by == GroupBy.MODEL:
         text_rows = _grouped(session, where, Job.text_model, Stage.TEXT).all()
-        video_where = [*where, Job.modality == Modality.VIDEO]  # text jobs have no video stage
+        # Text jobs have no video stage; a storyboard's shots are its video stage.
+        video_where = [*where, Job.modality.in_((Modality.VIDEO, Modality.STORYBOARD))]
         video_rows = _grouped(session, video_where, Job.video_model, Stage.VIDEO).all()
         image_where = [*where, Job.modality == Modality.IMAGE]
         image_rows = _grouped(session, image_where, Job.image_model, Stage.IMAGE).all()

@@ -39,6 +39,7 @@ ALL_EVENTS = (
     "job.started",
     "job.text.completed",
     "job.progress",
+    "job.shot.completed",  # a storyboard's shot rendered (models.shot_states)
     "job.succeeded",
     "job.failed",
     "job.canceled",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from models.job import Stage
 from models.settings import Settings
 from tasks.contract import names
 from tasks.contract.routing import (
@@ -86,8 +87,15 @@ def celery_config(s: Settings) -> dict[str, Any]:
         "task_queue_max_priority": MAX_PRIORITY,
         "task_default_priority": broker_priority("normal", s.broker_url),
         "task_annotations": {
-            spec.task: {"soft_time_limit": spec.soft_time_limit_s, "time_limit": spec.time_limit_s}
-            for spec in specs.values()
+            **{
+                spec.task: {"soft_time_limit": spec.soft_time_limit_s, "time_limit": spec.time_limit_s}
+                for spec in specs.values()
+            },
+            # A storyboard's shot is a video render: the video stage's limits.
+            names.RENDER_SHOT: {
+                "soft_time_limit": specs[Stage.VIDEO].soft_time_limit_s,
+                "time_limit": specs[Stage.VIDEO].time_limit_s,
+            },
         },
         # Model loading in worker_process_init takes longer than the 4 s default allows.
         "worker_proc_alive_timeout": 600,
@@ -96,7 +104,13 @@ def celery_config(s: Settings) -> dict[str, Any]:
         # link); Flower shows a task from "received" on instead of from "sent".
         "task_send_sent_event": False,
         "worker_hijack_root_logger": False,
-        "include": ["tasks.pipeline", "tasks.maintenance", "tasks.retention", "tasks.webhooks"],
+        "include": [
+            "tasks.pipeline",
+            "tasks.storyboard",
+            "tasks.maintenance",
+            "tasks.retention",
+            "tasks.webhooks",
+        ],
         # celery beat: stuck jobs re-enqueued or failed, expired idempotency keys dropped, and
         # webhook messages a crash left unsent picked up again.
         "beat_schedule": {

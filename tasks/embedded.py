@@ -63,7 +63,8 @@ def embedded_worker(
     """
     from celery.contrib.testing.worker import start_worker
 
-    import tasks.pipeline  # noqa: F401  registers the tasks
+    import tasks.pipeline
+    import tasks.storyboard  # noqa: F401  (a storyboard's too)
 
     upgrade(settings.database_url)
     Path(settings.artifact_dir).mkdir(parents=True, exist_ok=True)

@@ -84,9 +84,15 @@ def handle(
     stage: Stage,
     exc: Exception,
     render_request: VideoRequest | ImageRequest | None = None,
+    attempts: int | None = None,
 ) -> NoReturn:
-    """Retry transient errors with backoff, degrade once if allowed, else fail and compensate once."""
+    """Retry transient errors with backoff, degrade once if allowed, else fail and compensate once.
+
+    `attempts`: what the retry budget counts, when not the job's stage attempts (a storyboard
+    shot's own: each shot retries on its own).
+    """
     job_id, settings = job.id, rt.settings
+    tries = job.attempts if attempts is None else attempts
     if is_transient(exc):
         raise exc  # infra_retry's business
     if isinstance(exc, Canceled):
@@ -113,14 +119,14 @@ def handle(
                 metrics().retries.labels(stage, "degraded").inc()
                 _retry(task, 0, exc)
     retryable = isinstance(exc, GeneratorError) and exc.retryable
-    if retryable and job.attempts <= settings.max_retries:
-        countdown = backoff(settings.retry_backoff_s, settings.retry_backoff_max_s, job.attempts - 1)
+    if retryable and tries <= settings.max_retries:
+        countdown = backoff(settings.retry_backoff_s, settings.retry_backoff_max_s, tries - 1)
         code = getattr(exc, "code", type(exc).__name__)
         with transaction(rt.sessions) as s:
-            data = {"attempt": job.attempts, "code": code, "countdown": round(countdown, 3)}
+            data = {"attempt": tries, "code": code, "countdown": round(countdown, 3)}
             deadline = countdown + hard_limit(settings, stage) + settings.stage_grace_s
             record_retry(s, job_id, stage, data, deadline)
-        log.warning("job %s %s stage: %s; retry %d in %.2fs", job_id, stage, exc, job.attempts, countdown)
+        log.warning("job %s %s stage: %s; retry %d in %.2fs", job_id, stage, exc, tries, countdown)
         metrics().retries.labels(stage, code).inc()
         _retry(task, countdown, exc)
     code, message = _classify(stage, exc)

@@ -7,6 +7,7 @@ duplicated message finds the job already past that point and does nothing.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import uuid
@@ -16,10 +17,12 @@ from typing import Any
 
 from celery import Task, shared_task
 
-from models import Job, Stage, logs, states
+from models import Job, Modality, Stage, logs, shot_states, states
 from models.db import transaction
+from models.job_shots import MIN_SHOTS
 from models.recovery import deadline_in, entry_deadline
 from models.settings import Settings
+from models.shot_list import parse_shot_list, storyboard_instruction
 from models.storage import Storage
 from tasks import artifacts, compensation, degrade, failures, job_models, metrics, model_swaps, outcome
 from tasks.batching import Meter, run_batched
@@ -36,7 +39,7 @@ log = logging.getLogger(__name__)
 TEXT_DONE_PROGRESS = 20  # a video or image job's progress when its text stage is done
 
 
-def _enter_stage(rt: Runtime, job_id: uuid.UUID, stage: Stage) -> Job | None:
+def enter_stage(rt: Runtime, job_id: uuid.UUID, stage: Stage) -> Job | None:
     """Move the job into `stage` (or re-enter it on redelivery); None when there is nothing to do."""
     s_ = rt.settings
     # Past max_stage_attempts the worker died or hung each time: the stage fails below instead.
@@ -76,7 +79,7 @@ def generate_text(self: Task[[str], None], job_id: str) -> None:
 
 
 def _text_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID) -> None:
-    job = _enter_stage(rt, jid, Stage.TEXT)
+    job = enter_stage(rt, jid, Stage.TEXT)
     if job is None:
         return
     p: dict[str, Any] = job.params or {}
@@ -97,7 +100,7 @@ def _text_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID) -> None:
             seed=p.get("seed"),
             repetition_penalty=rt.settings.text_repetition_penalty,
             no_repeat_ngram_size=rt.settings.text_no_repeat_ngram_size,
-            system_prompt=IMAGE_SYSTEM_PROMPT if then == Stage.IMAGE else None,
+            system_prompt=_system_prompt(job, then),
         )
         # Per token: a text job's whole bar, or a video or image job's first TEXT_DONE_PROGRESS percent.
         watch = JobWatch(rt, jid, Stage.TEXT, progress_to=99 if final else TEXT_DONE_PROGRESS)
@@ -120,6 +123,9 @@ def _text_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID) -> None:
         text, tokens = result.text, result.tokens
         charge = _cost(job, Stage.TEXT, meter, model, spec)  # in the same UPDATE: once, with the outcome
     seconds = round(time.monotonic() - started, 3)
+    shots: list[str] = []
+    if job.modality == Modality.STORYBOARD:  # the answer is a shot list: parsed, repaired or split
+        text, shots = shot_plan(job, text)
     with transaction(rt.sessions) as s:
         done = states.complete_text(
             s,
@@ -134,8 +140,31 @@ def _text_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID) -> None:
             charge=charge,
             next_stage=then or Stage.VIDEO,  # `then` is None only for a final text stage
         )
+        if done and shots:
+            shot_states.create(s, jid, shots)
     if done:
         metrics.metrics().stage_duration.labels(Stage.TEXT).observe(seconds)
+
+
+def _system_prompt(job: Job, then: Stage | None) -> str | None:
+    """The text model's instructions: the image or storyboard prompt writer's, else the default."""
+    if job.modality == Modality.STORYBOARD:
+        return storyboard_instruction(int((job.params or {}).get("shots", MIN_SHOTS)))
+    return IMAGE_SYSTEM_PROMPT if then == Stage.IMAGE else None
+
+
+def shot_plan(job: Job, text: str) -> tuple[str, list[str]]:
+    """A storyboard's text stage output: (the stored shot list as JSON, its shot descriptions).
+
+    The model's answer as JSON, or repaired, or else split from the text deterministically, so a
+    storyboard never fails on its formatting alone; which of the three is recorded.
+    """
+    count = int((job.params or {}).get("shots", MIN_SHOTS))
+    shot_list, how = parse_shot_list(text, count, job.prompt)
+    if how != "json":
+        log.info("job %s: shot list %s from the text model's answer", job.id, how)
+    stored = {"title": shot_list.title, "shots": shot_list.shots, "parsed": how}
+    return json.dumps(stored, ensure_ascii=False), list(shot_list.shots)
 
 
 def _cost(job: Job, stage: Stage, meter: Meter, model: str, spec: str) -> states.Charge:
@@ -184,7 +213,7 @@ class Render:
 
 def _render_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID, stage: Stage) -> None:
     """Enter, generate, persist, finish; what the end means for the files is outcome.settle's call."""
-    job = _enter_stage(rt, jid, stage)
+    job = enter_stage(rt, jid, stage)
     if job is None:
         outcome.settle(rt, jid, Outcome.SKIPPED)
         return
@@ -207,7 +236,7 @@ def _render_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID, stage: S
     outcome.settle(rt, jid, Outcome.COMPLETED if done else Outcome.OVERTAKEN)
 
 
-def _video_request(job: Job, s_: Settings) -> VideoRequest:
+def video_request(job: Job, s_: Settings) -> VideoRequest:
     """The request as the client asked for it (degrade.apply may shrink what actually runs)."""
     p: dict[str, Any] = job.params or {}
     return VideoRequest(
@@ -246,7 +275,7 @@ def _persist_images(storage: Storage, jid: uuid.UUID, result: ImageResult) -> tu
 
 
 RENDERS: dict[Stage, Render] = {
-    Stage.VIDEO: Render(_video_request, _persist_video),
+    Stage.VIDEO: Render(video_request, _persist_video),
     Stage.IMAGE: Render(_image_request, _persist_images),
 }
 

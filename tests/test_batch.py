@@ -125,9 +125,9 @@ def test_every_invalid_job_is_named_by_index_and_nothing_is_written(client, sess
     ]  # fmt: skip
     messages = {e["field"]: e["message"] for e in body["errors"]}
     # As a single submit says them.
-    assert messages["jobs[2].params.width"] == "only valid for video and image jobs"
-    assert messages["jobs[5].modality"] == "must be one of: text, video, image"
-    assert messages["jobs[7].params.num_frames"] == "only valid for video jobs"
+    assert messages["jobs[2].params.width"] == "only valid for video, image and storyboard jobs"
+    assert messages["jobs[5].modality"] == "must be one of: text, video, image, storyboard"
+    assert messages["jobs[7].params.num_frames"] == "only valid for video and storyboard jobs"
     assert "7 of the 8 jobs" in body["detail"]
     assert count(sessions) == 0 and not broker_messages(broker, "text")
 

@@ -90,13 +90,15 @@ def test_bad_image_params_are_422_naming_the_field(client, params, field) -> Non
 
 def test_params_of_another_modality_are_named(client) -> None:
     body = assert_problem(submit(client, modality="image", params={"num_frames": 5}), 422)
-    assert body["errors"][0]["message"] == "only valid for video jobs"
+    assert body["errors"][0]["message"] == "only valid for video and storyboard jobs"
     body = assert_problem(submit(client, modality="video", params={"num_images": 2}), 422)
     assert body["errors"][0]["message"] == "only valid for image jobs"
     body = assert_problem(submit(client, modality="text", params={"width": 64}), 422)
-    assert body["errors"][0]["message"] == "only valid for video and image jobs"
+    assert body["errors"][0]["message"] == "only valid for video, image and storyboard jobs"
     body = assert_problem(submit(client, modality="audio"), 422)
-    assert body["errors"] == [{"field": "modality", "message": "must be one of: text, video, image"}]
+    assert body["errors"] == [
+        {"field": "modality", "message": "must be one of: text, video, image, storyboard"}
+    ]
 
 
 def test_the_plan_bounds_image_sizes(tenant_client) -> None:

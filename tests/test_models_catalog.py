@@ -56,8 +56,8 @@ def test_models_lists_every_configured_model_with_its_params_version_and_queue(a
     echo = models[("text", "echo")]
     assert echo["default"] is True and models[("text", "smollm2")]["default"] is False
     assert echo["source"] == "builtin" and models[("text", "tagged")]["source"] == "adapter"
-    assert echo["modalities"] == ["text", "video", "image"]
-    assert models[("video", "echo")]["modalities"] == ["video"]
+    assert echo["modalities"] == ["text", "video", "image", "storyboard"]
+    assert models[("video", "echo")]["modalities"] == ["video", "storyboard"]
     assert models[("image", "echo")]["modalities"] == ["image"]
     assert models[("image", "sana-tiny")]["default"] is False
     queues = {echo["queue"], models[("video", "echo")]["queue"], models[("image", "echo")]["queue"]}
@@ -137,10 +137,14 @@ def test_an_image_job_names_its_models_and_records_what_ran(api, workers, broker
     [
         ({"model": "nope"}, "model", "unknown text model 'nope'; known: smollm2, echo, tagged"),
         ({"model": {"text": "wan-tiny"}}, "model.text", "unknown text model 'wan-tiny'"),
-        ({"model": {"video": "echo"}}, "model.video", "only valid for video jobs"),
+        ({"model": {"video": "echo"}}, "model.video", "only valid for video or storyboard jobs"),
         ({"modality": "video", "model": {"video": "nope"}}, "model.video", "unknown video model 'nope'"),
         ({"modality": "image", "model": "wan-tiny"}, "model", "unknown image model 'wan-tiny'"),
-        ({"modality": "image", "model": {"video": "echo"}}, "model.video", "only valid for video jobs"),
+        (
+            {"modality": "image", "model": {"video": "echo"}},
+            "model.video",
+            "only valid for video or storyboard jobs",
+        ),
         ({"model": {"audio": "x"}}, "model", "must be a model id, or an object of stage: model id"),
         ({"model": 5}, "model", "must be a model id"),
         ({"model": ""}, "model", "must be a model id"),

@@ -95,7 +95,7 @@ def test_job_resource_matches_its_documented_schema(status, modality):
 
 def test_the_image_modality_is_documented(spec):
     schemas = spec["components"]["schemas"]
-    assert set(schemas["JobCreate"]["discriminator"]["mapping"]) == {"text", "video", "image"}
+    assert set(schemas["JobCreate"]["discriminator"]["mapping"]) == {"text", "video", "image", "storyboard"}
     params = schemas["ImageParams"]["properties"]
     assert {"width", "height", "steps", "guidance", "seed", "num_images", "enhance_prompt"} <= params.keys()
     count = next(s for s in params["num_images"]["anyOf"] if s.get("type") == "integer")
@@ -106,6 +106,19 @@ def test_the_image_modality_is_documented(spec):
     assert content["format"]["schema"]["enum"] == ["png", "webp"]
     assert "image/png" in spec["paths"]["/v1/jobs/{job_id}/content"]["get"]["responses"]["200"]["content"]
     assert "images" in schemas["JobOutputs"]["properties"]
+
+
+def test_the_storyboard_modality_is_documented(spec):
+    schemas = spec["components"]["schemas"]
+    shots = next(
+        s for s in schemas["StoryboardParams"]["properties"]["shots"]["anyOf"] if s.get("type") == "integer"
+    )
+    assert (shots["minimum"], shots["maximum"]) == (2, 12)
+    content = {p["name"]: p for p in spec["paths"]["/v1/jobs/{job_id}/content"]["get"]["parameters"]}
+    assert {"shot", "contact_sheet"} <= set(content["variant"]["schema"]["enum"])
+    board = schemas["Storyboard"]["properties"]
+    assert {"title", "parsed", "shots", "contact_sheet_url"} <= board.keys()
+    assert "storyboard" in schemas["Job"]["properties"]
 
 
 def test_docs_page_lists_the_endpoints_without_external_assets(client, spec):

@@ -43,6 +43,9 @@ PIPELINES: Mapping[Modality, tuple[Stage, ...]] = {
 # storyboard's last shot) sends the stage after it.
 FAN_OUT: frozenset[Stage] = frozenset({Stage.SHOTS})
 ENTRY_STAGE = Stage.TEXT  # every pipeline starts here (models.states.start_text)
+# The catalog stage whose model a pipeline stage runs, where it is not its own: a storyboard's
+# shots are video renders, its stitch runs no model.
+_MODEL_STAGE: Mapping[Stage, Stage | None] = {Stage.SHOTS: Stage.VIDEO, Stage.STITCH: None}
 
 
 @dataclass(frozen=True)
@@ -160,6 +163,16 @@ def chained(stages: tuple[Stage, ...]) -> tuple[Stage, ...]:
         if stage in FAN_OUT:
             return stages[: at + 1]
     return stages
+
+
+def model_stages(modality: str) -> tuple[Stage, ...]:
+    """The catalog stages (text, video, image) whose models a `modality` job runs, in order."""
+    out: list[Stage] = []
+    for stage in PIPELINES[Modality(modality)]:
+        model_stage = _MODEL_STAGE.get(stage, stage)
+        if model_stage is not None and model_stage not in out:
+            out.append(model_stage)
+    return tuple(out)
 
 
 def is_final(modality: str, stage: Stage) -> bool:

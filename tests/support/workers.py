@@ -26,7 +26,8 @@ def in_process_worker(
     No ping check: it would need a result backend, which the project does not use."""
     from celery.contrib.testing.worker import start_worker
 
-    import tasks.pipeline  # noqa: F401  registers the tasks on the app
+    import tasks.pipeline
+    import tasks.storyboard  # noqa: F401  and the storyboard's
 
     if queues is not None:
         options["queues"] = queues
