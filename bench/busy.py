@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import itertools
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -202,6 +203,7 @@ def measure(
     finally:
         engine.dispose()
     records = read_records(intervals)
+    shutil.rmtree(tmp, ignore_errors=True)  # kept when the run failed: the workers' logs are there
     calls = [r for r in records if r["kind"] == "generate" and r["stage"] == stage]
     pairs = [(float(r["start"]), float(r["end"])) for r in calls]
     window = middle_window(pairs)
