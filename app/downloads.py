@@ -1,5 +1,6 @@
 """A job's files as an HTTP answer, for /v1/jobs/{id}/content and /v1/media: one definition of
-which object a variant is (video, thumbnail, an image job's image-<index>.<png|webp>) and how it
+which object a variant is (video, thumbnail, an image job's image-<index>.<png|webp>, a video
+job's output variants webm, preview and upscale) and how it
 is downloaded (Range, ETag, 304) over models.storage.
 
 Both backends stream through the API by default: the API key (or the signed link) stays the
@@ -21,22 +22,22 @@ from app.errors import NotFound
 from app.services import services
 from models import Job, JobStatus
 from models.job import Modality
-from models.media_links import IMAGE_FORMATS, image_count, image_variant, parse_image_variant
-from tasks.contract.names import IMAGE_MIMETYPES, THUMBNAIL_NAME, image_name
+from models.media_links import IMAGE_FORMATS, OUTPUT_VARIANTS, image_count, image_variant, parse_image_variant
+from tasks.contract.names import IMAGE_MIMETYPES, THUMBNAIL_NAME, VARIANT_FILES, image_name
 
 # The media type of each fixed-name file variant; an image job's files are image-<index>.<format>.
 FILE_VARIANTS: dict[str, str] = {"video": "video/mp4", "thumbnail": "image/jpeg"}
 # The variant GET /v1/jobs/{id}/content serves when the query names none.
 DEFAULT_VARIANT: dict[str, str] = {Modality.TEXT: "text", Modality.VIDEO: "video", Modality.IMAGE: "image"}
 # What ?variant= may say; `image` takes `index` and `format` (the signed links name the file itself).
-CONTENT_VARIANTS = ("video", "text", "thumbnail", "image")
+CONTENT_VARIANTS = ("video", "text", "thumbnail", "image", *OUTPUT_VARIANTS)
 
 
 def has_variant(modality: str, variant: str) -> bool:
     """Whether a job of `modality` ever has the file variant `variant` (thumbnail, video, image-N.fmt)."""
     if variant == "thumbnail":
         return modality in (Modality.VIDEO, Modality.IMAGE)
-    if variant == "video":
+    if variant == "video" or variant in OUTPUT_VARIANTS:
         return modality == Modality.VIDEO
     return modality == Modality.IMAGE and parse_image_variant(variant) is not None
 
@@ -47,6 +48,9 @@ def object_of(job: Job, variant: str) -> tuple[str, str] | None:
     beyond its count)."""
     if job.status != JobStatus.SUCCEEDED or not job.artifact_path or not has_variant(job.modality, variant):
         return None
+    if variant in OUTPUT_VARIANTS:  # the job's own file (a cached copy makes its own), once ready
+        slot = (job.variants or {}).get(variant) or {}
+        return (slot["key"], VARIANT_FILES[variant][1]) if slot.get("status") == "ready" else None
     folder = PurePosixPath(job.artifact_path).parent  # the video's or the first PNG's folder
     if variant == "thumbnail":
         return str(folder / THUMBNAIL_NAME), FILE_VARIANTS[variant]

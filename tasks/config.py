@@ -88,6 +88,12 @@ def celery_config(s: Settings) -> dict[str, Any]:
         "task_annotations": {
             spec.task: {"soft_time_limit": spec.soft_time_limit_s, "time_limit": spec.time_limit_s}
             for spec in specs.values()
+        }
+        | {  # a job's variants (tasks.variants): CPU work, bounded all the same
+            names.POSTPROCESS: {
+                "soft_time_limit": s.variant_time_limit_s,
+                "time_limit": s.variant_time_limit_s + 60,
+            }
         },
         # Model loading in worker_process_init takes longer than the 4 s default allows.
         "worker_proc_alive_timeout": 600,
@@ -96,7 +102,13 @@ def celery_config(s: Settings) -> dict[str, Any]:
         # link); Flower shows a task from "received" on instead of from "sent".
         "task_send_sent_event": False,
         "worker_hijack_root_logger": False,
-        "include": ["tasks.pipeline", "tasks.maintenance", "tasks.retention", "tasks.webhooks"],
+        "include": [
+            "tasks.pipeline",
+            "tasks.maintenance",
+            "tasks.retention",
+            "tasks.webhooks",
+            "tasks.variants",
+        ],
         # celery beat: stuck jobs re-enqueued or failed, expired idempotency keys dropped, and
         # webhook messages a crash left unsent picked up again.
         "beat_schedule": {
