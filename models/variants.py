@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import Text, cast, or_, select, update
 from sqlalchemy.orm import Session
 
 from models.base import utcnow
@@ -22,6 +23,7 @@ PENDING, READY, FAILED = "pending", "ready", "failed"
 # key (models.cache), so a job asking for variants still reuses an identical job's video.
 VARIANT_PARAMS = ("variants", "upscale_factor")
 ERROR_MAX_CHARS = 500
+STALL_HORIZON = timedelta(days=1)  # older jobs' pending variants are left as they are
 
 Outcome = Literal["recorded", "not_pending", "gone"]
 
@@ -47,6 +49,27 @@ def waiting_jobs(session: Session, job_id: uuid.UUID) -> list[uuid.UUID]:
     )
     rows = session.execute(stmt).all()
     return [jid for jid, slots_ in rows if any(v.get("status") == PENDING for v in (slots_ or {}).values())]
+
+
+def stalled(session: Session, now: datetime, stall_s: float, limit: int) -> list[uuid.UUID]:
+    """Succeeded jobs (finished within the last STALL_HORIZON) with a variant still pending and no
+    change for `stall_s`: their post-processing message was lost (a broker outage right after the
+    success commit) or its worker died, so the reaper publishes it again."""
+    stmt = (
+        select(Job.id)
+        .where(
+            Job.status == JobStatus.SUCCEEDED,
+            Job.completed_at > now - STALL_HORIZON,  # ix_jobs_completed_at bounds the scan
+            Job.updated_at < now - timedelta(seconds=stall_s),
+            Job.variants.is_not(None),
+            Job.data_removed_at.is_(None),
+            # The JSON as text, the same on Postgres (jsonb) and SQLite: a slot's status value.
+            cast(Job.variants, Text).contains(f'"{PENDING}"'),
+        )
+        .order_by(Job.completed_at)
+        .limit(limit)
+    )
+    return list(session.scalars(stmt))
 
 
 def record(

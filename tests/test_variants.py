@@ -5,22 +5,25 @@ from __future__ import annotations
 
 import io
 import uuid
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import av
 import pytest
 from PIL import Image
 from pydantic import SecretStr
+from sqlalchemy.orm import Session
 
-from models import Job
+from models import Job, variants
 from models.db import transaction
 from models.variants import record, slots
 from tasks.contract import names
 from tasks.contract.routing import task_routes
+from tasks.media import EncodeError
 from tests.support.api import assert_problem, submit, wait_finished
 from tests.support.jobs import files, get
 from tests.support.procs import wait_for
-from tests.support.workers import thread_workers
+from tests.support.workers import in_process_worker, thread_workers
 
 SMALL = {"width": 96, "height": 64, "num_frames": 9, "fps": 8, "steps": 2}
 ALL = ["webm", "preview", "upscale"]
@@ -146,6 +149,8 @@ def test_a_pending_variant_is_409_and_a_failed_one_404(client, sessions, broker)
                                         "bytes": None, "error": "EncodeError: boom"}  # fmt: skip
     assert "boom" in assert_problem(client.get(f"/v1/jobs/{job['id']}/content?variant=webm"), 404)["detail"]
     assert_problem(client.get(f"/v1/jobs/{job['id']}/content?variant=preview"), 409)
+    with transaction(sessions) as s:  # nothing left pending for the reaper of a later test
+        record(s, jid, "preview", error="test over")
 
 
 def test_variants_go_to_the_post_queue(settings) -> None:
@@ -172,3 +177,52 @@ def test_a_cached_copy_makes_its_own_variants_with_signed_links(make_app, settin
     # The copy's file is its own, under its own folder: the source's has only its preview.
     assert "video.webm" in files(settings.artifact_dir, uuid.UUID(copy["id"]))
     assert "video.webm" not in files(settings.artifact_dir, uuid.UUID(first["id"]))
+
+
+def test_a_failed_variant_never_fails_the_job_and_a_transient_error_retries(
+    client, settings, monkeypatch
+) -> None:
+    from tasks import variants as task
+
+    def broken(*args: Any) -> int:
+        raise EncodeError("libvpx-vp9: refused")
+
+    flaky = {"left": 1}
+    real = task.MAKERS["preview"]
+
+    def flaky_preview(*args: Any) -> int:
+        if flaky["left"]:
+            flaky["left"] -= 1
+            raise ConnectionError("storage went away")  # transient: the task retries
+        return real(*args)
+
+    monkeypatch.setitem(task.MAKERS, "webm", broken)
+    monkeypatch.setitem(task.MAKERS, "preview", flaky_preview)
+    with thread_workers(settings):
+        body = _settled(client, _video_job(client, variants=["webm", "preview"])["id"])
+    assert body["status"] == "succeeded" and body["error"] is None
+    assert body["variants"]["webm"]["status"] == "failed"
+    assert body["variants"]["webm"]["error"] == "EncodeError: libvpx-vp9: refused"
+    assert body["variants"]["preview"]["status"] == "ready" and flaky["left"] == 0
+    assert client.get(body["variants"]["preview"]["url"]).mimetype == "image/webp"
+
+
+def test_the_reaper_republishes_a_lost_postprocess_message(client, settings, celery_app, broker) -> None:
+    from tasks.maintenance import reap
+    from tasks.runtime import runtime
+
+    gpu_only = [q for q in names.ALL_QUEUES if q != names.POST_QUEUE]
+    with in_process_worker(celery_app, queues=gpu_only):
+        done = wait_finished(client, _video_job(client, variants=["webm"])["id"])
+    assert done["status"] == "succeeded" and done["variants"]["webm"]["status"] == "pending"
+    lost = list(broker.scan_iter(match=f"{names.POST_QUEUE}*"))
+    assert lost and broker.delete(*lost)  # the message is gone, as in a broker outage
+    rt = runtime(celery_app)
+    assert not reap(rt, celery_app).get("variants_republished")  # none stalled yet
+    later = datetime.now(UTC) + timedelta(seconds=settings.variant_stall_s + 1)
+    assert reap(rt, celery_app, now=later)["variants_republished"] >= 1  # others may be stalled too
+    with in_process_worker(celery_app, queues=[names.POST_QUEUE]):
+        body = _settled(client, done["id"])
+    assert body["variants"]["webm"]["status"] == "ready"
+    with Session(rt.engine) as s:  # nothing left pending for this job: not picked again
+        assert uuid.UUID(done["id"]) not in variants.stalled(s, later, settings.variant_stall_s, 500)

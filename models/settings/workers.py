@@ -164,6 +164,12 @@ class WorkerSettings(BaseModel):
     variant_time_limit_s: int = Field(
         600, ge=1, description="The post-processing task's soft time limit (all of a job's variants)."
     )
+    variant_stall_s: float = Field(
+        900.0,
+        gt=0,
+        description="A succeeded job whose output variant stayed pending this long without change "
+        "gets its post-processing published again by the reaper (a lost message, a dead worker).",
+    )
     variant_max_retries: int = Field(
         3, ge=0, description="Retries, with backoff, of a post-processing task a transient error broke."
     )
