@@ -26,7 +26,11 @@ from genqueue_client.core import DEFAULT_URL, KEY_ENV, URL_ENV
 EXIT_FAILED, EXIT_USAGE, EXIT_CANCELED, EXIT_API, EXIT_TRANSPORT, EXIT_TIMEOUT = 1, 2, 3, 4, 5, 6
 EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports SIGINT
 EXIT_BY_STATUS = {"succeeded": 0, "failed": EXIT_FAILED, "canceled": EXIT_CANCELED}
-SUFFIXES = {"video": "mp4", "image": "png", "thumbnail": "jpg", "text": "txt"}  # a download's default name
+# A download's default name per variant (webm, preview, upscale: a video job's output variants).
+SUFFIXES = {
+    "video": "mp4", "image": "png", "thumbnail": "jpg", "text": "txt",
+    "webm": "webm", "preview": "webp", "upscale": "mp4",
+}  # fmt: skip
 F = TypeVar("F", bound=Callable[..., Any])
 
 

@@ -1,5 +1,6 @@
 """A job's files as an HTTP answer, for /v1/jobs/{id}/content and /v1/media: one definition of
-which object a variant is (video, thumbnail, an image job's image-<index>.<png|webp>) and how it
+which object a variant is (video, thumbnail, an image job's image-<index>.<png|webp>, a video
+job's output variants webm, preview and upscale) and how it
 is downloaded (Range, ETag, 304) over models.storage.
 
 Both backends stream through the API by default: the API key (or the signed link) stays the
@@ -21,11 +22,12 @@ from app.errors import NotFound
 from app.services import services
 from models import Job, JobStatus
 from models.job import Modality
-from models.media_links import IMAGE_FORMATS, image_count, image_variant, parse_image_variant
+from models.media_links import IMAGE_FORMATS, OUTPUT_VARIANTS, image_count, image_variant, parse_image_variant
 from tasks.contract.names import (
     CONTACT_SHEET_NAME,
     IMAGE_MIMETYPES,
     THUMBNAIL_NAME,
+    VARIANT_FILES,
     artifact_key,
     image_name,
     shot_name,
@@ -42,8 +44,9 @@ DEFAULT_VARIANT: dict[str, str] = {
     Modality.TEXT: "text", Modality.VIDEO: "video", Modality.IMAGE: "image", Modality.STORYBOARD: "video",
 }  # fmt: skip
 # What ?variant= may say; `image` takes `index` and `format`, `shot` takes `index` (the signed
-# links name the file itself: image-<index>.<format>, shot-<index>).
-CONTENT_VARIANTS = ("video", "text", "thumbnail", "image", "shot", "contact_sheet")
+# links name the file itself: image-<index>.<format>, shot-<index>); the output variants (webm,
+# preview, upscale) of a video or storyboard job that asked for them.
+CONTENT_VARIANTS = ("video", "text", "thumbnail", "image", "shot", "contact_sheet", *OUTPUT_VARIANTS)
 FILMS = (Modality.VIDEO, Modality.STORYBOARD)  # the jobs whose output is one MP4
 
 
@@ -65,7 +68,7 @@ def has_variant(modality: str, variant: str) -> bool:
     image-N.fmt, a storyboard's contact_sheet and shot-N)."""
     if variant == "thumbnail":
         return modality in (*FILMS, Modality.IMAGE)
-    if variant == "video":
+    if variant == "video" or variant in OUTPUT_VARIANTS:
         return modality in FILMS
     if modality == Modality.STORYBOARD:
         return variant == "contact_sheet" or parse_shot_variant(variant) is not None
@@ -90,6 +93,9 @@ def object_of(job: Job, variant: str) -> tuple[str, str] | None:
         return _shot_object(job, shot)
     if job.status != JobStatus.SUCCEEDED or not job.artifact_path or not has_variant(job.modality, variant):
         return None
+    if variant in OUTPUT_VARIANTS:  # the job's own file (a cached copy makes its own), once ready
+        slot = (job.variants or {}).get(variant) or {}
+        return (slot["key"], VARIANT_FILES[variant][1]) if slot.get("status") == "ready" else None
     folder = PurePosixPath(job.artifact_path).parent  # the video's or the first PNG's folder
     if variant == "thumbnail":
         return str(folder / THUMBNAIL_NAME), FILE_VARIANTS[variant]

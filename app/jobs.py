@@ -55,7 +55,7 @@ from models import Job, JobStatus, logs
 from models.base import utcnow
 from models.db import read_only_connection
 from models.job import TERMINAL
-from models.media_links import image_count
+from models.media_links import OUTPUT_VARIANTS, image_count
 from models.resource import job_list
 
 log = logging.getLogger("genqueue.api")
@@ -246,6 +246,22 @@ def content(job_id: str) -> Response:
         raise Conflict(
             f"The job is {job.status}; its {variant} is not ready.", extra={"job_status": job.status}
         )
+    if variant in OUTPUT_VARIANTS:
+        _check_output_variant(job, variant)
     if object_of(job, file_variant) is None:
         raise NotFound(f"The job has {image_count(job.params)} images; there is no {file_variant}.")
     return send_variant(job, file_variant)
+
+
+def _check_output_variant(job: Job, variant: str) -> None:
+    """404 for a variant the job did not ask for or that failed, 409 while it is being made."""
+    slot = (job.variants or {}).get(variant)
+    if slot is None:
+        raise NotFound(f"The job asked for no {variant} variant (params.variants).")
+    if slot.get("status") == "failed":
+        raise NotFound(f"The job's {variant} variant failed: {slot.get('error')}")
+    if slot.get("status") != "ready":
+        raise Conflict(
+            f"The job's {variant} variant is {slot.get('status')}; try again shortly.",
+            extra={"job_status": job.status, "variant_status": slot.get("status")},
+        )

@@ -18,7 +18,7 @@ from app.openapi_parts import REF, json_answer, op, param, problems, ref
 from app.schemas import BATCH_MAX, JobBatchCreate, job_create_adapter
 from app.services import extension
 from models.events import JobEvent, JobEventList
-from models.media_links import IMAGE_FORMATS, VARIANTS
+from models.media_links import IMAGE_FORMATS, OUTPUT_VARIANTS, VARIANTS
 from models.resource import Job, JobBatch, JobList
 from models.settings import Settings
 from models.usage import Usage
@@ -61,7 +61,8 @@ def _paths() -> dict[str, Any]:
         "query",
         variants,
         "Default: the job's modality (video, image), text for text jobs (empty: 422). `image` takes "
-        "`index` and `format`.",
+        "`index` and `format`. `webm`, `preview`, `upscale`: a video job's output variants "
+        "(params.variants): 404 when not asked for or failed, 409 while being made.",
     )
     image_index = param(
         "index",
@@ -74,13 +75,13 @@ def _paths() -> dict[str, Any]:
     # A signed link names the file variant: an image job's are image-<index>.<png|webp>.
     signed_variants = {
         "type": "string",
-        "pattern": f"^({'|'.join(VARIANTS)}|image-[0-9]\\.(png|webp))$",
+        "pattern": f"^({'|'.join((*VARIANTS, *OUTPUT_VARIANTS))}|image-[0-9]\\.(png|webp))$",
     }
     unsatisfiable = problems(416)
     unsatisfiable["416"]["headers"] = {"Content-Range": {"schema": text, "description": "`bytes */<size>`"}}
     binary = {
         t: {"schema": {"type": "string", "format": "binary"}}
-        for t in ("video/mp4", "image/jpeg", "image/png", "image/webp", "text/plain")
+        for t in ("video/mp4", "video/webm", "image/jpeg", "image/png", "image/webp", "text/plain")
     }
     submitted = {
         "Location": {"schema": text, "description": "The job's URL."},

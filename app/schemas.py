@@ -31,7 +31,7 @@ from app.body import StorableStr
 from app.webhook_schemas import WebhookSubscription
 from models.catalog import StageName
 from models.job_shots import MAX_SHOTS, MIN_SHOTS
-from models.media_links import MAX_IMAGES
+from models.media_links import MAX_IMAGES, OUTPUT_VARIANTS
 from models.settings import Settings
 from models.usage import parse_time
 
@@ -67,6 +67,41 @@ class VideoParams(TextParams):
     fps: int | None = Field(None, ge=1, le=60, description="Default: 8.")
     steps: int | None = Field(None, ge=1, le=100, description="Denoising steps. Default: 8.")
     allow_degraded: bool | None = Field(None, description="Accept a degraded result. Default: false.")
+    variants: list[Any] | None = Field(
+        None,
+        description="Output variants beside the MP4, made on a CPU queue after the job succeeded "
+        "(docs/API.md, Result variants): `webm` (VP9, else AV1), `preview` (animated WebP, <= 2 s, "
+        "<= 320 px wide), `upscale` (`upscale_factor` x the size, H.264). Default: none.",
+        json_schema_extra={"items": {"enum": list(OUTPUT_VARIANTS)}, "uniqueItems": True, "maxItems": 3},
+    )
+    upscale_factor: Literal[2, 4] | None = Field(
+        None,
+        description="The `upscale` variant's scale; the longest side stays <= upscale_max_side. Default: 2.",
+    )
+
+    @field_validator("variants")
+    @classmethod
+    def _known_variants(cls, v: list[Any] | None, info: ValidationInfo) -> list[Any] | None:
+        # One error naming params.variants, whatever is wrong inside the list.
+        names = [x for x in v or [] if isinstance(x, str) and x in OUTPUT_VARIANTS]
+        if v is not None and (not v or len(names) != len(v) or len(set(names)) != len(v)):
+            raise PydanticCustomError(
+                "variants",
+                "must be a list of unique names from: {names}",
+                {"names": ", ".join(OUTPUT_VARIANTS)},
+            )
+        if v and "upscale" in v:
+            _check_upscaled(info, 2)  # the smallest factor: upscale_factor checks a larger one
+        return v
+
+    @field_validator("upscale_factor")
+    @classmethod
+    def _bounded_upscale(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v is not None:
+            if "upscale" not in (info.data.get("variants") or []):
+                raise PydanticCustomError("upscale_factor", "only with `upscale` in params.variants")
+            _check_upscaled(info, v)
+        return v
 
     @field_validator("num_frames")
     @classmethod
@@ -90,6 +125,21 @@ class StoryboardParams(VideoParams):
         description="Let the text model write the title and shots (the default); false: the prompt "
         "is split into the shots as written (by sentence or line).",
     )
+
+
+def _check_upscaled(info: ValidationInfo, factor: int) -> None:
+    """The upscaled video's longest side stays within the server's upscale_max_side."""
+    settings = (info.context or {}).get("settings")
+    if settings is None:
+        return
+    width = info.data.get("width") or settings.default_width
+    side = factor * max(width, info.data.get("height") or settings.default_height)
+    if side > settings.upscale_max_side:
+        raise PydanticCustomError(
+            "upscale_too_large",
+            "the upscaled video would be {side} px on its longest side, above {limit}",
+            {"side": side, "limit": settings.upscale_max_side},
+        )
 
 
 class ImageParams(TextParams):
@@ -250,6 +300,8 @@ def complete_params(req: AnyJobCreate, settings: Settings) -> dict[str, Any]:
             "steps": settings.default_steps,
             "allow_degraded": False,
         }
+        if isinstance(req.params, VideoParams) and "upscale" in (req.params.variants or []):
+            params["upscale_factor"] = 2  # complete: the upscale variant's default factor
     if req.modality == "storyboard":
         shots = req.params.shots if req.params and req.params.shots else DEFAULT_SHOTS
         params |= {"shots": shots, "max_new_tokens": min(512, 40 * shots + 24), "enhance_prompt": True}

@@ -33,12 +33,12 @@ from app.models_api import model_swaps
 from app.prompt_check import PromptCheck
 from app.schemas import AnyJobCreate, complete_params, field_errors, parse_job
 from app.services import extension, services
-from models import Job, JobStatus, cache, states
+from models import Job, JobStatus, cache, states, variants
 from models.db import autocommit, transaction
 from models.job import TERMINAL
 from models.keys import Principal
 from models.settings import Settings
-from tasks.contract.publish import publish_jobs
+from tasks.contract.publish import publish_jobs, publish_postprocess
 from tasks.contract.transient import is_transient
 
 log = logging.getLogger("genqueue.api")
@@ -113,6 +113,7 @@ def prepare(who: Principal, req: Request, now: datetime) -> Submission:
         priority=req.priority or "normal",
         meta=req.metadata or {},
         webhook=req.webhook.model_dump(exclude_none=True) if req.webhook else None,
+        variants=variants.slots(params),  # set on every job, as `models` is (insert_many's columns)
         progress=0,
         attempts=0,
         recoveries=0,
@@ -182,6 +183,9 @@ def publish(who: Principal, gate: Admission, jobs: Sequence[Job]) -> None:
     finished = [job.id for job in jobs if job.cached and job.status in TERMINAL]
     if finished:
         gate.release(who, finished)  # answered from the cache: they hold no slot
+    for job in jobs:
+        if job.cached and job.status == JobStatus.SUCCEEDED and job.variants:
+            publish_postprocess(svc.celery, job.id)  # a cached copy's variants are made from its video
     computing = [job for job in jobs if not job.cached]
     if not computing:
         return

@@ -27,6 +27,7 @@ from models.base import utcnow
 from models.job import ACTIVE, Job, JobStatus, Modality
 from models.settings import Settings
 from models.storage import Storage
+from models.variants import VARIANT_PARAMS
 
 
 @lru_cache(maxsize=64)
@@ -96,7 +97,8 @@ def cache_key(
         {
             "modality": str(modality),
             "prompt": normalise_prompt(prompt),
-            "params": params,
+            # Variants are made per job from its own MP4: they do not change the result reused.
+            "params": {k: v for k, v in params.items() if k not in VARIANT_PARAMS},
             "models": model_versions(settings, modality, models),
         },
         sort_keys=True,

@@ -18,6 +18,8 @@ from models.settings import Settings
 VARIANTS = ("video", "text", "thumbnail")
 # An image job's files are variants too: "image-<index>.<format>" (tasks.contract.names.image_name).
 IMAGE_FORMATS = ("png", "webp")
+# A video job's output variants beside its MP4 (params.variants, produced by tasks.variants).
+OUTPUT_VARIANTS = ("webm", "preview", "upscale")
 MAX_IMAGES = 4  # the most an image job may ask for (app.schemas), so one digit names each
 _IMAGE_VARIANT = re.compile(r"^image-([0-9])\.(png|webp)$")
 Verdict = Literal["ok", "invalid", "expired"]

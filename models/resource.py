@@ -70,6 +70,18 @@ class JobOutputs(Resource):
     )
 
 
+class JobVariant(Resource):
+    """One output variant of a video job (params.variants), made after the job succeeded."""
+
+    status: Literal["pending", "ready", "failed"]
+    url: str | None = Field(None, description="Its download (GET .../content?variant=<name>), once ready.")
+    signed_url: str | None = Field(
+        None, description="The same without an API key; null without a signing key."
+    )
+    bytes: int | None = Field(None, description="Its size, once ready.")
+    error: str | None = Field(None, description="Why it failed (the job still succeeded).")
+
+
 class JobError(Resource):
     code: str | None
     message: str | None
@@ -163,6 +175,11 @@ class Job(Resource):
     storyboard: Storyboard | None = Field(
         None, description="A storyboard job's title and shots; absent on other jobs."
     )
+    variants: dict[str, JobVariant] | None = Field(
+        None,
+        description="A video job's output variants (params.variants: webm, preview, upscale), each "
+        "pending until a CPU worker made it; absent when the job asked for none.",
+    )
 
 
 class JobList(Resource):
@@ -245,7 +262,7 @@ def job_model(
     has_images = bool(ready and job.modality == Modality.IMAGE and job.artifact_path)
     # The usage definition (models.usage): every attempt's GPU share, not the last attempt's wall time.
     gpu = [s for s in (job.text_gpu_s, job.video_gpu_s, job.image_gpu_s) if s is not None]
-    return Job(
+    resource = Job(
         id=str(job.id),
         object="job",
         status=job.status,
@@ -297,6 +314,9 @@ def job_model(
         data_removed=job.data_removed_at is not None,
         **({"storyboard": _storyboard(job, content, shots)} if job.modality == Modality.STORYBOARD else {}),
     )
+    if job.variants:  # set only then: a job that asked for none has no `variants` key
+        resource.variants = _variants(job, content, signer, signed_base_url)
+    return resource
 
 
 def _storyboard(job: JobRow, content: str, shots: Sequence[Any] | None) -> Storyboard:
@@ -334,6 +354,22 @@ def _storyboard(job: JobRow, content: str, shots: Sequence[Any] | None) -> Story
         shots=shots_out,
         contact_sheet_url=f"{content}?variant=contact_sheet" if ready else None,
     )
+
+
+def _variants(job: JobRow, content: str, signer: MediaSigner | None, base_url: str) -> dict[str, JobVariant]:
+    """Each asked variant's status; its links once it is ready (and the job's files are still there)."""
+    out = {}
+    expires = signer.expires() if signer is not None else 0
+    for name, slot in (job.variants or {}).items():
+        ready = slot.get("status") == "ready" and job.data_removed_at is None
+        out[name] = JobVariant(
+            status=slot.get("status", "pending"),
+            url=f"{content}?variant={name}" if ready else None,
+            signed_url=_signed_url(job, signer, base_url, name, expires) if ready and signer else None,
+            bytes=slot.get("bytes") if ready else None,
+            error=slot.get("error"),
+        )
+    return out
 
 
 def job_resource(

@@ -96,6 +96,11 @@ def celery_config(s: Settings) -> dict[str, Any]:
                 "soft_time_limit": specs[Stage.VIDEO].soft_time_limit_s,
                 "time_limit": specs[Stage.VIDEO].time_limit_s,
             },
+            # A job's variants (tasks.variants): CPU work, bounded all the same.
+            names.POSTPROCESS: {
+                "soft_time_limit": s.variant_time_limit_s,
+                "time_limit": s.variant_time_limit_s + 60,
+            },
         },
         # Model loading in worker_process_init takes longer than the 4 s default allows.
         "worker_proc_alive_timeout": 600,
@@ -110,6 +115,7 @@ def celery_config(s: Settings) -> dict[str, Any]:
             "tasks.maintenance",
             "tasks.retention",
             "tasks.webhooks",
+            "tasks.variants",
         ],
         # celery beat: stuck jobs re-enqueued or failed, expired idempotency keys dropped, and
         # webhook messages a crash left unsent picked up again.

@@ -10,14 +10,14 @@ from celery import Celery, Task, shared_task
 from sqlalchemy import delete, false, select
 from sqlalchemy.orm import Session
 
-from models import IdempotencyKey, Job, JobStatus, Priority, Stage
+from models import IdempotencyKey, Job, JobStatus, Priority, Stage, variants
 from models.base import utcnow
 from models.db import transaction
 from models.recovery import FINISHED_UNSUCCESSFULLY, claim_recovery, log_recovery, undo_recovery
 from models.settings import Settings
 from tasks import compensation, failures, inflight
 from tasks.contract import names
-from tasks.contract.publish import publish_job
+from tasks.contract.publish import publish_job, publish_postprocess
 from tasks.contract.stages import ENTRY_STAGE, QUEUES, RENDER_STAGES
 from tasks.contract.transient import TRANSIENT_ERRORS
 from tasks.metrics import metrics
@@ -52,6 +52,8 @@ def reap(rt: Runtime, app: Celery, now: datetime | None = None) -> dict[str, int
     - queued (or waiting for its video stage, or for a stage republished above) for
       lost_message_after_s with no message left in the broker: publish it again (_lost_messages);
     - failed or canceled but never compensated: compensate;
+    - succeeded with an output variant pending, unchanged for variant_stall_s: publish its
+      post-processing again (tasks.variants; it makes only what is still pending);
     - idempotency keys past their expiry: delete.
     Republishing is safe because the stages are idempotent; each costs the job a recovery.
     """
@@ -102,6 +104,9 @@ def reap(rt: Runtime, app: Celery, now: datetime | None = None) -> dict[str, int
         counts[_recover(rt, app, job, stage, "message_lost", "lost_message")] += 1
     for job_id in uncompensated:
         counts["compensated"] += compensation.compensate_job(rt, job_id)
+    with rt.sessions() as session:  # output variants whose post-processing message went missing
+        stalled = variants.stalled(session, now, s.variant_stall_s, BATCH)
+    counts["variants_republished"] = sum(publish_postprocess(app, job_id) for job_id in stalled)
     with transaction(rt.sessions) as session:
         expired = session.execute(delete(IdempotencyKey).where(IdempotencyKey.expires_at < now))
         counts["keys_expired"] = expired.rowcount or 0  # type: ignore[attr-defined]

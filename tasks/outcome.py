@@ -5,7 +5,9 @@ from __future__ import annotations
 import enum
 import uuid
 
+from models import variants
 from tasks import artifacts, compensation
+from tasks.contract.publish import publish_postprocess
 from tasks.runtime import Runtime
 
 
@@ -28,5 +30,12 @@ def settle(rt: Runtime, job_id: uuid.UUID, outcome: Outcome) -> None:
     """
     if outcome is Outcome.COMPLETED or compensation.is_succeeded(rt, job_id):
         artifacts.sweep_temp(rt.storage, job_id)
+        # After the success commit: the job (and its cached followers) asked for variants, a CPU
+        # worker makes them; a redelivery asks again for those still pending (the task is idempotent).
+        if rt.app is not None:
+            with rt.sessions() as s:
+                waiting = variants.waiting_jobs(s, job_id)
+            for jid in waiting:
+                publish_postprocess(rt.app, jid)
     elif outcome is Outcome.OVERTAKEN:
         compensation.compensate_job(rt, job_id)

@@ -26,6 +26,7 @@ class Runtime:
     engine: Engine
     sessions: sessionmaker[Session]
     pid: int
+    app: Celery | None = None  # the worker's app: what a task publishes after a commit goes through it
 
     @property
     def artifact_dir(self) -> Path:
@@ -54,7 +55,7 @@ def runtime(app: Celery) -> Runtime:
                 max_overflow=settings.worker_db_max_overflow,
                 connect_timeout=settings.db_connect_timeout_s,
             )
-            rt = Runtime(settings, engine, make_session_factory(engine), os.getpid())
+            rt = Runtime(settings, engine, make_session_factory(engine), os.getpid(), app)
             wake_dispatch_on_commit(rt.sessions, app)  # transitions wake the webhook dispatcher
             model_presence.start(settings)  # GET /v1/models learns what this process loads
             _runtimes[key] = rt

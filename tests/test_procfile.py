@@ -65,6 +65,7 @@ def stack_env(settings, sessions, broker) -> dict[str, str]:
         "VIDEO_WORKER_METRICS_PORT": str(free_port()),
         "DEFAULT_WORKER_METRICS_PORT": str(free_port()),
         "IMAGE_WORKER_METRICS_PORT": str(free_port()),
+        "POST_WORKER_METRICS_PORT": str(free_port()),
         "EXPORTER_PORT": str(free_port()),
     }
 

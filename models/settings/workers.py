@@ -149,6 +149,31 @@ class WorkerSettings(BaseModel):
         "(tasks.kombu_fixes). Off only to reproduce that crash.",
     )
 
+    # -- output variants (tasks.variants, on the `post` queue)
+    upscale_model_dir: str = Field(
+        "",
+        description="A local diffusers upscaler directory (e.g. stable-diffusion-x4-upscaler) for the "
+        "`upscale` variant; empty: Lanczos resampling (Pillow), no model. Never downloaded.",
+    )
+    upscale_max_side: int = Field(
+        2048,
+        ge=64,
+        description="The longest side an `upscale` variant may have: a video job's width or height "
+        "times `upscale_factor` above this is refused (422 on params.upscale_factor).",
+    )
+    variant_time_limit_s: int = Field(
+        600, ge=1, description="The post-processing task's soft time limit (all of a job's variants)."
+    )
+    variant_stall_s: float = Field(
+        900.0,
+        gt=0,
+        description="A succeeded job whose output variant stayed pending this long without change "
+        "gets its post-processing published again by the reaper (a lost message, a dead worker).",
+    )
+    variant_max_retries: int = Field(
+        3, ge=0, description="Retries, with backoff, of a post-processing task a transient error broke."
+    )
+
     @field_validator("extra_models", "model_swaps")
     @classmethod
     def _extra_models(cls, value: str) -> str:

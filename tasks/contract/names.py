@@ -14,7 +14,9 @@ VIDEO_QUEUE = "video"
 IMAGE_QUEUE = "image"
 DEFAULT_QUEUE = "default"
 WEBHOOKS_QUEUE = "webhooks"
-ALL_QUEUES = (TEXT_QUEUE, VIDEO_QUEUE, IMAGE_QUEUE, DEFAULT_QUEUE, WEBHOOKS_QUEUE)
+# CPU work after a job succeeded (tasks.variants): a GPU worker goes on to the next job meanwhile.
+POST_QUEUE = "post"
+ALL_QUEUES = (TEXT_QUEUE, VIDEO_QUEUE, IMAGE_QUEUE, DEFAULT_QUEUE, WEBHOOKS_QUEUE, POST_QUEUE)
 
 # Task names are part of the wire format: renaming one strands messages already queued.
 GENERATE_TEXT = "genqueue.generate_text"
@@ -26,6 +28,7 @@ START_SHOTS = "genqueue.start_shots"
 RENDER_SHOT = "genqueue.render_shot"
 STITCH_SHOTS = "genqueue.stitch_shots"
 COMPENSATE = "genqueue.compensate"
+POSTPROCESS = "genqueue.postprocess"  # a succeeded video job's output variants (tasks.variants)
 DELIVER_WEBHOOK = "genqueue.deliver_webhook"
 RELAY_WEBHOOKS = "genqueue.relay_webhooks"
 REAP_STUCK_JOBS = "genqueue.reap_stuck_jobs"
@@ -37,6 +40,13 @@ EXPIRE_ARTIFACTS = "genqueue.expire_artifacts"
 # a redelivered stage rewrites the same objects instead of adding copies.
 VIDEO_NAME = "video.mp4"
 THUMBNAIL_NAME = "thumbnail.jpg"
+# A video job's output variants (params.variants; models.media_links.OUTPUT_VARIANTS): variant ->
+# (file name, media type), beside the MP4 in the job's folder, so retention and DELETE remove them.
+VARIANT_FILES: dict[str, tuple[str, str]] = {
+    "webm": ("video.webm", "video/webm"),
+    "preview": ("preview.webp", "image/webp"),
+    "upscale": ("video-upscaled.mp4", "video/mp4"),
+}
 # An image job's files: image-<index>.png and .webp per image (index 0 .. num_images - 1), named
 # as their signed-link variants are (models.media_links).
 IMAGE_MIMETYPES = {"png": "image/png", "webp": "image/webp"}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -15,6 +16,8 @@ from models import Stage, outbox
 from tasks.contract import names
 from tasks.contract.routing import broker_priority
 from tasks.contract.stages import ENTRY_STAGE, TASKS, chained, stages_from
+
+log = logging.getLogger(__name__)
 
 
 def _stage(app: Celery, jid: str, stage: Stage, prio: int | None, errback: Signature) -> Signature:
@@ -33,6 +36,27 @@ def publish_compensation(app: Celery, job_id: uuid.UUID | str) -> None:
         task_id=names.stage_task_id(str(job_id), "compensate"),
         retry=False,
     )
+
+
+def publish_postprocess(app: Celery, job_id: uuid.UUID | str) -> bool:
+    """Ask a CPU worker (the post queue) to make a succeeded job's output variants; one quick try.
+
+    Right after the job's success commit: the job is done whatever happens here, so a broker
+    failure is logged and the variants stay pending (a redelivered video stage asks again).
+    Returns whether the message went out.
+    """
+    try:
+        app.send_task(
+            names.POSTPROCESS,
+            args=(str(job_id),),
+            task_id=names.stage_task_id(str(job_id), "postprocess"),
+            retry=True,
+            retry_policy={"max_retries": 1, "interval_start": 0, "interval_step": 0.2},
+        )
+    except Exception:
+        log.warning("job %s: postprocess not published; its variants stay pending", job_id, exc_info=True)
+        return False
+    return True
 
 
 def publish_job(

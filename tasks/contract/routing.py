@@ -42,6 +42,7 @@ def task_routes(settings: Settings) -> dict[str, dict[str, Any]]:
         **{spec.task: {"queue": spec.queue} for spec in stage_specs(settings).values()},
         names.RENDER_SHOT: {"queue": names.VIDEO_QUEUE},  # a storyboard's shot renders as a video
         names.COMPENSATE: {"queue": names.DEFAULT_QUEUE},
+        names.POSTPROCESS: {"queue": names.POST_QUEUE},
         names.DELIVER_WEBHOOK: {"queue": names.WEBHOOKS_QUEUE},
         names.RELAY_WEBHOOKS: {"queue": names.WEBHOOKS_QUEUE},
         names.REAP_STUCK_JOBS: {"queue": names.DEFAULT_QUEUE},
