@@ -207,3 +207,20 @@ def test_a_duplicated_shot_message_renders_nothing_twice(client, settings, sessi
     assert len(event_rows(sessions, jid_, "job.shot.completed")) == 2
     assert events(sessions, jid_).count("job.succeeded") == 1
     assert [s.attempts for s in _shots(sessions, jid_)] == [1, 1]
+
+
+def test_a_storyboard_film_gets_its_asked_variants(client, settings, sessions) -> None:
+    """params.variants on a storyboard: made from the stitched film, as a video job's are."""
+    with thread_workers(settings):
+        jid = _storyboard(client, shots=2, variants=["preview"]).get_json()["id"]
+        wait_finished(client, jid, timeout=90)
+
+        def made() -> dict | None:
+            job = client.get(f"/v1/jobs/{jid}").get_json()
+            return job if job["variants"]["preview"]["status"] != "pending" else None
+
+        ready = wait_for(made, 60, what="the preview")
+    preview = ready["variants"]["preview"]
+    assert preview["status"] == "ready", preview
+    with Image.open(io.BytesIO(client.get(preview["url"]).data)) as im:
+        assert im.format == "WEBP" and getattr(im, "n_frames", 1) > 1

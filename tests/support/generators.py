@@ -364,3 +364,30 @@ class UploadPausingVideo(NoisyVideo):
 
         s3.on_part(after_part)
         UploadPausingVideo._installed = True  # type: ignore[attr-defined]
+
+
+class PausingStitch(EchoVideoGenerator):
+    """The echo video model, whose process (with GENQUEUE_TEST_PAUSE_DIR set) stops dead once per
+    right after a stitch wrote its film, before the film is stored (`<dir>/storyboard.stitched`
+    holds the pid), for a kill test; GENQUEUE_ECHO_STEP_SECONDS as for the echo."""
+
+    def load(self) -> None:
+        folder = os.environ.get("GENQUEUE_TEST_PAUSE_DIR")
+        if folder:
+            _install_stitch_pause(Path(folder))
+
+
+def _install_stitch_pause(folder: Path) -> None:
+    from tasks import storyboard
+
+    stitch = storyboard.stitch_mp4
+    if getattr(stitch, "paused", False):
+        return
+
+    def paused_stitch(inputs: Sequence[str], path: str, fps: int) -> dict[str, int]:
+        info = stitch(inputs, path, fps)
+        _pause(folder, "storyboard", "stitched")  # once per test folder: one storyboard per test
+        return info
+
+    paused_stitch.paused = True  # type: ignore[attr-defined]
+    storyboard.stitch_mp4 = paused_stitch  # type: ignore[assignment]
