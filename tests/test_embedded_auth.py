@@ -58,3 +58,27 @@ def test_demo_runs_an_image_job(tmp_path: Path, monkeypatch) -> None:
     paths = [line.split(": ", 1)[1] for line in result.stdout.splitlines() if line.startswith("Image: ")]
     assert [Path(p).name for p in paths] == ["image-0.png", "image-1.png"]
     assert all(Path(p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
+
+
+def test_demo_runs_a_storyboard(tmp_path: Path, monkeypatch) -> None:
+    from click.testing import CliRunner
+
+    from app.cli import main
+
+    monkeypatch.setenv("GENQUEUE_TEXT_MODEL", "echo")
+    monkeypatch.setenv("GENQUEUE_VIDEO_MODEL", "echo")
+    args = [
+        "demo",
+        "A keeper climbs. He lights the lamp.",
+        "--modality",
+        "storyboard",
+        "--data-dir",
+        str(tmp_path),
+    ]
+    args += ["--param", "shots=2", "--param", "num_frames=5", "--param", "width=64", "--param", "height=64"]
+    result = CliRunner().invoke(main, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    paths = dict(line.split(": ", 1) for line in result.stdout.splitlines() if ": " in line)
+    assert Path(paths["Film"]).name == "video.mp4" and Path(paths["Film"]).stat().st_size > 0
+    assert Path(paths["Contact sheet"]).read_bytes()[:2] == b"\xff\xd8"  # a JPEG
+    assert Path(paths["Shot 0"]).exists() and Path(paths["Shot 1"]).exists()

@@ -224,3 +224,29 @@ def test_a_storyboard_film_gets_its_asked_variants(client, settings, sessions) -
     assert preview["status"] == "ready", preview
     with Image.open(io.BytesIO(client.get(preview["url"]).data)) as im:
         assert im.format == "WEBP" and getattr(im, "n_frames", 1) > 1
+
+
+def test_cancel_stops_the_running_shots_and_removes_every_shot_file(
+    client, settings, sessions, broker, monkeypatch
+) -> None:
+    """Cancel while shots render: the running ones stop at a step, the queued ones never run,
+    compensation removes every file (a rendered shot's too), once."""
+    monkeypatch.setenv("GENQUEUE_ECHO_STEP_SECONDS", "0.2")  # 40 steps a shot: ~8 s uncanceled
+    with thread_workers(settings):
+        jid = _storyboard(client, shots=6, steps=40).get_json()["id"]
+        uid = uuid.UUID(jid)
+
+        def rendering() -> bool:
+            return any(s.status == "running" and s.progress > 5 for s in _shots(sessions, uid))
+
+        wait_for(rendering, 60, what="a shot mid-render")
+        body = client.post(f"/v1/jobs/{jid}/cancel").get_json()
+        assert (body["status"], body["error"]["stage"]) == ("canceled", "shots")
+        wait_for(lambda: broker_idle(broker), 30, what="the shots to stop or be dropped")
+        wait_for(lambda: "job.compensated" in events(sessions, uid), 30, what="compensation")
+        shots = client.get(f"/v1/jobs/{jid}").get_json()["storyboard"]["shots"]
+    assert all(s["status"] in ("canceled", "succeeded") for s in shots)
+    assert sum(s["status"] == "canceled" for s in shots) >= 1
+    assert files(settings.artifact_dir, uid) == []
+    assert len(event_rows(sessions, uid, "job.compensated")) == 1
+    assert "job.succeeded" not in events(sessions, uid)

@@ -130,7 +130,8 @@ def test_bad_variants_are_422_naming_the_field(client, params, field) -> None:
 
 def test_variants_are_only_for_video_and_storyboard_jobs(client) -> None:
     body = assert_problem(submit(client, modality="image", params={"variants": ["webm"]}), 422)
-    assert body["errors"] == [{"field": "params.variants", "message": "only valid for video and storyboard jobs"}]
+    message = "only valid for video and storyboard jobs"
+    assert body["errors"] == [{"field": "params.variants", "message": message}]
 
 
 def test_a_pending_variant_is_409_and_a_failed_one_404(client, sessions, broker) -> None:
