@@ -72,7 +72,9 @@ class VideoParams(TextParams):
         description="Output variants beside the MP4, made on a CPU queue after the job succeeded "
         "(docs/API.md, Result variants): `webm` (VP9, else AV1), `preview` (animated WebP, <= 2 s, "
         "<= 320 px wide), `upscale` (`upscale_factor` x the size, H.264). Default: none.",
-        json_schema_extra={"items": {"enum": list(OUTPUT_VARIANTS)}, "uniqueItems": True, "maxItems": 3},
+        json_schema_extra={
+            "items": {"enum": list(OUTPUT_VARIANTS)}, "uniqueItems": True, "minItems": 1, "maxItems": 3,
+        },
     )
     upscale_factor: Literal[2, 4] | None = Field(
         None,
@@ -97,9 +99,9 @@ class VideoParams(TextParams):
     @field_validator("upscale_factor")
     @classmethod
     def _bounded_upscale(cls, v: int | None, info: ValidationInfo) -> int | None:
-        if v is not None:
-            if "upscale" not in (info.data.get("variants") or []):
-                raise PydanticCustomError("upscale_factor", "only with `upscale` in params.variants")
+        # Without `upscale` in params.variants the factor is kept and unused: JSON Schema cannot
+        # say "only with upscale", and a schema-valid request must not be a 422.
+        if v is not None and "upscale" in (info.data.get("variants") or []):
             _check_upscaled(info, v)
         return v
 

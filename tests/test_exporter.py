@@ -137,6 +137,8 @@ def test_jobs_by_status_and_webhook_backlog(settings, sessions, engine):
         (("modality", "video"), ("status", "running")): 2,
         (("modality", "image"), ("status", "queued")): 0,
         (("modality", "image"), ("status", "running")): 0,
+        (("modality", "storyboard"), ("status", "queued")): 0,
+        (("modality", "storyboard"), ("status", "running")): 0,
     }
     estimated = {
         dict(labels)["status"]: v for (name, labels), v in seen.items() if name == "genqueue_jobs_estimated"
@@ -181,7 +183,7 @@ def test_the_series_are_the_same_whatever_the_data(settings, sessions, broker):
     with transaction(sessions) as s:
         s.add_all(Job(modality="text", prompt=f"p{i}", params={}) for i in range(50))
     assert set(scrape(settings)) == empty
-    assert len([k for k in empty if k[0] == "genqueue_queue_depth"]) == 5 * 3  # queues x priorities
+    assert len([k for k in empty if k[0] == "genqueue_queue_depth"]) == 6 * 3  # queues x priorities
     assert {k for _, labels in empty for k, _ in labels} <= {
         "queue",
         "priority",

@@ -118,7 +118,6 @@ def test_upscale_by_four(client, settings) -> None:
         ({"variants": []}, "params.variants"),
         ({"variants": "webm"}, "params.variants"),
         ({"variants": [3]}, "params.variants"),
-        ({"variants": ["webm"], "upscale_factor": 2}, "params.upscale_factor"),
         ({"variants": ["upscale"], "upscale_factor": 3}, "params.upscale_factor"),
         ({"variants": ["upscale"], "upscale_factor": 4, "width": 1024}, "params.upscale_factor"),
     ],
