@@ -114,6 +114,7 @@ def prepare(who: Principal, req: Request, now: datetime) -> Submission:
         meta=req.metadata or {},
         webhook=req.webhook.model_dump(exclude_none=True) if req.webhook else None,
         variants=variants.slots(params),  # set on every job, as `models` is (insert_many's columns)
+        cache_key=None,  # likewise
         progress=0,
         attempts=0,
         recoveries=0,
@@ -122,10 +123,13 @@ def prepare(who: Principal, req: Request, now: datetime) -> Submission:
         updated_at=now,
     )
     seeded = req.params is not None and req.params.seed is not None  # the same seed, the same output
-    # A storyboard is not reused whole: its shots and their files are its own (models.shot_states).
-    cacheable = settings.cache_enabled and req.cache is not False and seeded and req.modality != "storyboard"
+    cacheable = settings.cache_enabled and req.cache is not False and seeded
     # The key covers the versions that will run: the catalog with the hot swaps in effect.
     key = cache.cache_key(models_in, job.modality, job.prompt, params, models) if cacheable else None
+    if key is not None and req.modality == "storyboard":
+        # A storyboard is not reused whole (its shot list and files are its own): its key only
+        # lets its shots reuse identical shots, one by one (models.shot_cache).
+        job.cache_key, key = key, None
     return Submission(job, key, resolved_models(models_in, models))
 
 

@@ -39,6 +39,10 @@ class JobShot(Base):
     frames: Mapped[int | None] = mapped_column(Integer)
     seconds: Mapped[float | None] = mapped_column(Float)  # the last attempt's render time
     gpu_s: Mapped[float | None] = mapped_column(Float)  # every attempt's GPU share, added up
+    # The shot cache (models.shot_cache): its key, set when it renders for a cache-eligible job,
+    # and the job whose identical shot it copied instead (no FK: that job may be deleted first).
+    cache_key: Mapped[str | None] = mapped_column(String(64), index=True)
+    source_job_id: Mapped[uuid.UUID | None] = mapped_column(Uuid)
     error_code: Mapped[str | None] = mapped_column(String(64))
     error_message: Mapped[str | None] = mapped_column(Text)
     started_at: Mapped[datetime | None] = mapped_column(UTCDateTime)

@@ -99,7 +99,12 @@ class StoryboardShot(Resource):
     progress: int = Field(ge=0, le=100)
     attempts: int = Field(description="Renders of this shot: retries and redeliveries included.")
     frames: int | None
-    seconds: float | None = Field(description="The render's wall time.")
+    seconds: float | None = Field(description="The render's wall time (0 for a copy).")
+    cached: bool = Field(
+        False,
+        description="Copied from an identical shot the tenant already rendered (same description, "
+        "size, frames, steps, seed and model version): rendered once, stored for each job.",
+    )
     video_url: str | None = Field(description="The shot's own MP4, once rendered (also while the job runs).")
     error: JobError | None
 
@@ -340,6 +345,7 @@ def _storyboard(job: JobRow, content: str, shots: Sequence[Any] | None) -> Story
                 attempts=shot.attempts,
                 frames=shot.frames,
                 seconds=shot.seconds,
+                cached=shot.source_job_id is not None,
                 video_url=f"{content}?variant=shot&index={shot.idx}" if shot.status == "succeeded" else None,
                 error=JobError(code=shot.error_code, message=shot.error_message, stage="shots")
                 if shot.error_code

@@ -132,6 +132,7 @@ class ShotDone:
     frames: int
     seconds: float
     charge: Charge
+    source_job_id: uuid.UUID | None = None  # copied from that job's identical shot (models.shot_cache)
 
 
 def complete(
@@ -162,6 +163,7 @@ def complete(
             gpu_s=func.coalesce(JobShot.gpu_s, 0.0) + round(done.charge.gpu_s, 6),
             error_code=None,
             error_message=None,
+            source_job_id=done.source_job_id,
         )
         .execution_options(synchronize_session=False)
     )
@@ -178,6 +180,7 @@ def complete(
         "shots_completed": total - left,
         "shots": total,
         "artifact_bytes": done.artifact_bytes,
+        "cached": done.source_job_id is not None,
     }
     _transition_row(
         session, job_id, Job.id == job_id, values, "job.shot.completed",

@@ -32,7 +32,7 @@ from models.job_shots import JobShot
 from models.recovery import deadline_in
 from models.shot_states import ShotDone
 from models.storage import Storage
-from tasks import compensation, failures, job_models, metrics, model_swaps, outcome
+from tasks import compensation, failures, job_models, metrics, model_swaps, outcome, shot_cache
 from tasks.batching import Meter, run_batched
 from tasks.contract import names
 from tasks.contract.publish import publish_job
@@ -154,6 +154,16 @@ def _render_shot(self: Task[[str, int], None], rt: Runtime, jid: uuid.UUID, inde
     models = model_swaps.effective(s_)
     model = job_models.to_run(job, Stage.VIDEO, models)
     spec, meter = job_models.spec(models, Stage.VIDEO, model), Meter()
+    key = shot_cache.key_of(job, request, models, model)
+    turn = shot_cache.take_turn(self, rt, job, index, key) if key is not None else shot_cache.Turn()
+    if turn.waiting:
+        return
+    if turn.copied is not None:
+        shot_file, size, source = turn.copied
+        ran = job_models.ran(job, Stage.VIDEO, model, spec)  # the key holds the version: it ran
+        done = ShotDone(shot_file, size, source.frames, 0.0, states.Charge(0.0, model, ran), source.job_id)
+        _completed(self, rt, jid, index, done)
+        return
     watch = ShotWatch(rt, jid, index)
     started = time.monotonic()
     try:
@@ -163,7 +173,7 @@ def _render_shot(self: Task[[str, int], None], rt: Runtime, jid: uuid.UUID, inde
         )  # fmt: skip
         if result.error is not None:
             raise result.error
-        key, size = _write_shot(rt.storage, jid, index, result.frames, result.fps)
+        shot_file, size = _write_shot(rt.storage, jid, index, result.frames, result.fps)
     except Exception as exc:
         charge = states.Charge(meter.seconds, model, job_models.ran(job, Stage.VIDEO, model, spec))
         with transaction(rt.sessions) as s:
@@ -174,11 +184,19 @@ def _render_shot(self: Task[[str, int], None], rt: Runtime, jid: uuid.UUID, inde
             _note_failure(rt, jid, index)
             raise
     charge = states.Charge(meter.seconds, model, job_models.ran(job, Stage.VIDEO, model, spec))
-    done = ShotDone(key, size, int(result.frames.shape[0]), round(time.monotonic() - started, 3), charge)
+    seconds = round(time.monotonic() - started, 3)
+    done = ShotDone(shot_file, size, int(result.frames.shape[0]), seconds, charge)
+    _completed(self, rt, jid, index, done)
+
+
+def _completed(self: Task[[str, int], None], rt: Runtime, jid: uuid.UUID, index: int, done: ShotDone) -> None:
+    """Commit the shot's completion; the last one sends the stitch."""
+    s_ = rt.settings
     with transaction(rt.sessions) as s:
         completed, last = shot_states.complete(s, jid, index, done, deadline_in(s_.queued_timeout_s))
     if completed:
-        metrics.metrics().stage_duration.labels(Stage.VIDEO).observe(done.seconds)
+        if done.source_job_id is None:  # a copy rendered nothing
+            metrics.metrics().stage_duration.labels(Stage.VIDEO).observe(done.seconds)
     elif not compensation.is_succeeded(rt, jid):
         outcome.settle(rt, jid, Outcome.OVERTAKEN)  # canceled or failed meanwhile: its files go
     if last:

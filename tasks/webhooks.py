@@ -18,6 +18,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
+from typing import Any
 
 from celery import Task, shared_task
 from sqlalchemy import select, text, update
@@ -94,14 +95,32 @@ def _lock_args(job_id: uuid.UUID) -> dict[str, int]:
 
 
 def render(message: WebhookMessage, base_url: str, retention_s: int | None = None) -> str:
-    """The payload {type, id, timestamp, data}; data is the job resource as the event left it."""
-    payload = {
+    """The payload {type, id, timestamp, data}; data is the job resource as the event left it.
+
+    A `job.shot.completed` payload also says which shot (`shot`): the resource leaves a
+    storyboard's shots out of webhook payloads, and the event is about one of them.
+    """
+    payload: dict[str, Any] = {
         "type": message.type,
         "id": message.webhook_id,
         "timestamp": message.created_at.isoformat().replace("+00:00", "Z"),
         "data": job_resource(job_from_snapshot(message.snapshot), base_url, retention_s=retention_s),
     }
+    if message.type == "job.shot.completed":
+        payload["shot"] = _shot(message.event.data or {}, f"{base_url}/v1/jobs/{message.job_id}/content")
     return json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+
+
+def _shot(data: dict[str, Any], content: str) -> dict[str, Any]:
+    """The completed shot, from its event's data (models.shot_states.complete)."""
+    index = int(data.get("shot", 0))
+    return {
+        "index": index,
+        "shots_completed": data.get("shots_completed"),
+        "shots": data.get("shots"),
+        "cached": bool(data.get("cached", False)),
+        "video_url": f"{content}?variant=shot&index={index}",
+    }
 
 
 def _job_endpoint(s: Session, job_id: uuid.UUID, tenant_id: uuid.UUID, snapshot: dict[str, object]) -> None:

@@ -245,3 +245,21 @@ def test_text_progress_moves_per_token_and_is_throttled(quiet_app, settings, ses
     assert len(moving) <= took / 0.25 + 2  # at most one write per throttle window
     resource = client.get(f"/v1/jobs/{jid}").get_json()
     assert resource["progress"] == 100
+
+
+def test_a_storyboard_streams_each_shot_as_it_completes(quiet_app, settings, sessions, monkeypatch):
+    """Opened as the job starts: every job.shot.completed comes through, in order, then the end."""
+    monkeypatch.setenv("GENQUEUE_ECHO_STEP_SECONDS", "0.1")
+    client = quiet_app.test_client()
+    params = VIDEO | {"steps": 10, "shots": 3, "enhance_prompt": False, "fps": 6}
+    prompt = "A boat leaves. A storm comes. The boat returns."
+    with thread_workers(settings):
+        jid = submit(client, prompt=prompt, modality="storyboard", params=params)
+        got = until_end(stream(client, jid), timeout=90)
+    events = [f for f in got if f.event]
+    shots = [f for f in events if f.event == "job.shot.completed"]
+    assert sorted(f.data["data"]["shot"] for f in shots) == [0, 1, 2], [f.event for f in events]
+    assert [f.data["data"]["shots_completed"] for f in shots] == [1, 2, 3]
+    assert events[-1].event == "job.succeeded"
+    # Every stored event, in order (live progress frames carry no id: they are not stored).
+    assert [f.id for f in events if f.id is not None] == [i for i, _ in stored(sessions, jid)]

@@ -27,6 +27,12 @@ class ServingSettings(BaseModel):
     cache_version: str = Field(
         "1", description="Bump to invalidate every cached result (e.g. new weights under the same name)."
     )
+    shot_cache_wait_s: float = Field(
+        1.0,
+        gt=0,
+        description="A storyboard shot whose identical twin is rendering elsewhere looks again after "
+        "this many seconds, instead of rendering it a second time (models.shot_cache).",
+    )
     queue_position_ttl_s: float = Field(
         1.0, description="How long a web process reuses its queued-jobs counts (`queue_position`)."
     )
