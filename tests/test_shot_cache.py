@@ -37,9 +37,7 @@ def _renders(marker: str) -> int:
     return sum(1 for r in generators.runs(marker) if r.outcome == "finished")
 
 
-def test_an_identical_storyboard_copies_every_shot_into_its_own_files(
-    client, settings, sessions
-) -> None:
+def test_an_identical_storyboard_copies_every_shot_into_its_own_files(client, settings, sessions) -> None:
     marker = f"[{uuid.uuid4().hex[:8]}]"
     with thread_workers(settings, video_model=f"{GEN}:TracedVideo"):
         first = wait_finished(client, _storyboard(client, marker), timeout=90)
