@@ -5,7 +5,8 @@ then sleeps until the process's listener (app.event_hub) hears of news for the j
 the rows with id > the last one sent: replay and live are one loop over the database, so
 nothing falls between them and nothing is sent twice. Between stored events it passes on
 the job's progress (ephemeral `job.progress` events, without an `id:`), sends a comment
-line after `stream_heartbeat_s` of silence, and ends after the terminal event. While it
+line after `stream_heartbeat_s` of silence, and ends after the terminal event (a succeeded
+job's output variants still to come: after the last `job.variant.completed`). While it
 sleeps it holds no database connection, only its greenlet and socket.
 """
 
@@ -25,7 +26,7 @@ from app.auth import owned, tenant_id
 from app.errors import NotFound, ValidationFailed
 from app.event_hub import EventHub, Subscription
 from app.services import extension, services
-from models import Job, events
+from models import Job, JobStatus, events, variants
 from models.db import read_only
 from models.settings import Settings
 
@@ -118,18 +119,28 @@ def _frame(event: str, data: dict[str, Any], event_id: int | None = None) -> byt
 
 def _read(
     sessions: sessionmaker[Session], jid: uuid.UUID, after: int
-) -> tuple[list[Any], tuple[int, str | None] | None]:
-    """New stored events (all of them, in pages) and the job's (progress, stage), in one short
-    session; None for the job when it is gone."""
+) -> tuple[list[Any], tuple[int, str | None, bool] | None]:
+    """New stored events (all of them, in pages) and the job's (progress, stage, variants still
+    to come), in one short session; None for the job when it is gone.
+
+    The job first: a variant recorded after that read has its event among the rows or in a later
+    read, so a stream that sees no variant pending has already been given every variant's event.
+    """
     with read_only(sessions) as s:
+        columns = (Job.progress, Job.stage, Job.status, Job.variants)
+        job = s.execute(select(*columns).where(Job.id == jid)).first()
         rows: list[Any] = []
         while True:
             page = events.after(s, jid, rows[-1].id if rows else after, MAX_PAGE)
             rows.extend(page)
             if len(page) < MAX_PAGE:
                 break
-        job = s.execute(select(Job.progress, Job.stage).where(Job.id == jid)).first()
-        return rows, (job[0], job[1]) if job is not None else None
+        if job is None:
+            return rows, None
+        pending = job.status == JobStatus.SUCCEEDED and any(
+            (slot or {}).get("status") == variants.PENDING for slot in (job.variants or {}).values()
+        )
+        return rows, (job.progress, job.stage, pending)
 
 
 def _stream(
@@ -144,7 +155,7 @@ def _stream(
         yield f"retry: {RETRY_MS}\n\n".encode()
         last, progress, stage = after, -1, None
         started = sent = time.monotonic()
-        read, announced = True, -1
+        read, announced, finished = True, -1, False
         while True:
             if read:
                 rows, job = _read(sessions, sub.job_id, last)  # the only time a connection is held
@@ -153,10 +164,11 @@ def _stream(
                     yield _frame(row.type, events.public(row), row.id)
                     if row.type == "job.progress":
                         progress = max(progress, int((row.data or {}).get("progress", 0)))
-                    if row.type in events.TERMINAL_EVENTS:
-                        return
+                    finished = finished or row.type in events.TERMINAL_EVENTS
                 if job is None:
                     return  # withdrawn: a submit that was never accepted
+                if finished and not job[2]:
+                    return  # the end, and no output variant still to be announced
                 announced, stage = max(announced, job[0]), job[1]
             if announced > progress:
                 progress, sent = announced, time.monotonic()

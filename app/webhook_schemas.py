@@ -16,6 +16,7 @@ EventType = Literal[
     "job.text.completed",
     "job.progress",
     "job.shot.completed",
+    "job.variant.completed",
     "job.succeeded",
     "job.failed",
     "job.canceled",

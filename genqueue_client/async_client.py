@@ -113,8 +113,10 @@ class AsyncClient:
         return await self._run(self.core.webhook_secret())
 
     async def events(self, job_id: str, *, after: int = 0, follow: bool = True) -> AsyncIterator[Event]:
-        """The job's events after id `after`. follow: live (SSE) until the terminal event,
-        reconnecting with Last-Event-ID; otherwise the stored ones, page by page."""
+        """The job's events after id `after`. follow: live (SSE) until the server ends the stream
+        after the terminal event (a succeeded job's output variants: after each one's
+        `job.variant.completed`), reconnecting with Last-Event-ID; otherwise the stored ones,
+        page by page."""
         if follow:
             async with aclosing(self._follow(job_id, after, fallback=False, deadline=None)) as live:
                 async for event in live:
@@ -131,7 +133,7 @@ class AsyncClient:
     async def _follow(
         self, job_id: str, after: int, fallback: bool, deadline: float | None
     ) -> AsyncGenerator[Event, None]:
-        last, retry = after, self.core.retry()
+        last, retry, finished = after, self.core.retry(), False
         while True:
             now = time.monotonic()
             if deadline is not None and now >= deadline:
@@ -161,8 +163,9 @@ class AsyncClient:
                         if event.id is not None:
                             last = event.id
                         yield event
-                        if event.terminal:
-                            return
+                        finished = finished or event.terminal
+                    if finished:
+                        return  # the server ends the stream once nothing more will come
                 finally:
                     await resp.aclose()
             except httpx.TransportError as exc:

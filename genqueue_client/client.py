@@ -112,8 +112,10 @@ class Client:
         return self._run(self.core.webhook_secret())
 
     def events(self, job_id: str, *, after: int = 0, follow: bool = True) -> Iterator[Event]:
-        """The job's events after id `after`. follow: live (SSE) until the terminal event,
-        reconnecting with Last-Event-ID; otherwise the stored ones, page by page."""
+        """The job's events after id `after`. follow: live (SSE) until the server ends the stream
+        after the terminal event (a succeeded job's output variants: after each one's
+        `job.variant.completed`), reconnecting with Last-Event-ID; otherwise the stored ones,
+        page by page."""
         if follow:
             yield from self._follow(job_id, after, fallback=False, deadline=None)
             return
@@ -125,7 +127,7 @@ class Client:
             after = page.next_after
 
     def _follow(self, job_id: str, after: int, fallback: bool, deadline: float | None) -> Iterator[Event]:
-        last, retry = after, self.core.retry()
+        last, retry, finished = after, self.core.retry(), False
         while True:
             now = time.monotonic()
             if deadline is not None and now >= deadline:
@@ -155,8 +157,9 @@ class Client:
                         if event.id is not None:
                             last = event.id
                         yield event
-                        if event.terminal:
-                            return
+                        finished = finished or event.terminal
+                    if finished:
+                        return  # the server ends the stream once nothing more will come
                 finally:
                     resp.close()
             except httpx.TransportError as exc:

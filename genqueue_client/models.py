@@ -44,6 +44,11 @@ class Job:
         value = self.outputs.get("text")
         return None if value is None else str(value)
 
+    @property
+    def variants(self) -> dict[str, Any]:
+        """A video job's output variants by name (status, url, bytes, error); {} when it asked for none."""
+        return dict(self.raw.get("variants") or {})
+
 
 @dataclass(frozen=True)
 class Event:

@@ -27,7 +27,10 @@ from models.base import utcnow
 from models.job import ACTIVE, Job, JobStatus, Modality
 from models.settings import Settings
 from models.storage import Storage
-from models.variants import VARIANT_PARAMS
+
+# Params that choose only what is made from the job's MP4, not the MP4 (models.variants): outside
+# the result cache key, so a job asking for variants still reuses an identical job's video.
+VARIANT_PARAMS = ("variants", "upscale_factor")
 
 
 @lru_cache(maxsize=64)

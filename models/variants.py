@@ -12,16 +12,14 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any, Literal
 
-from sqlalchemy import Text, cast, or_, select, update
+from sqlalchemy import Text, cast, or_, select
 from sqlalchemy.orm import Session
 
-from models.base import utcnow
 from models.job import Job, JobStatus
+from models.states import _transition_row
 
 PENDING, READY, FAILED = "pending", "ready", "failed"
-# Params that choose only what is made from the job's MP4, not the MP4: outside the result cache
-# key (models.cache), so a job asking for variants still reuses an identical job's video.
-VARIANT_PARAMS = ("variants", "upscale_factor")
+EVENT = "job.variant.completed"  # one per variant, ready or failed; data says which and what is left
 ERROR_MAX_CHARS = 500
 STALL_HORIZON = timedelta(days=1)  # older jobs' pending variants are left as they are
 
@@ -81,7 +79,8 @@ def record(
     size: int | None = None,
     error: str | None = None,
 ) -> Outcome:
-    """Mark variant `name` ready (its `key`, `size`) or failed (`error`), once.
+    """Mark variant `name` ready (its `key`, `size`) or failed (`error`), once, with its
+    `job.variant.completed` event (data: variant, status, bytes or error, variants_pending).
 
     A read-modify-write of the job's one JSON value under its row lock (FOR UPDATE on Postgres;
     SQLite has one writer at a time), so two variants finishing together both stay recorded.
@@ -95,16 +94,18 @@ def record(
     current: dict[str, Any] = dict(row.variants or {})
     if (current.get(name) or {}).get("status") != PENDING:
         return "not_pending"  # a redelivery after the first recorded it
+    data: dict[str, Any] = {"variant": name}
     if error is None:
         current[name] = {"status": READY, "key": key, "bytes": size}
+        data |= {"status": READY, "bytes": size}
     else:
         current[name] = {"status": FAILED, "error": error[:ERROR_MAX_CHARS]}
-    session.execute(
-        update(Job)
-        .where(Job.id == job_id)
-        .values(variants=current, updated_at=utcnow())
-        .execution_options(synchronize_session=False)
-    )
+        data |= {"status": FAILED, "error": error[:ERROR_MAX_CHARS]}
+    data["variants_pending"] = sum(1 for slot in current.values() if slot.get("status") == PENDING)
+    _transition_row(
+        session, job_id, Job.status == JobStatus.SUCCEEDED, {"variants": current}, EVENT,
+        from_status=JobStatus.SUCCEEDED, event_data=data,
+    )  # fmt: skip
     return "recorded"
 
 

@@ -40,6 +40,7 @@ ALL_EVENTS = (
     "job.text.completed",
     "job.progress",
     "job.shot.completed",  # a storyboard's shot rendered (models.shot_states)
+    "job.variant.completed",  # an output variant made or given up on, after job.succeeded (models.variants)
     "job.succeeded",
     "job.failed",
     "job.canceled",

@@ -1,12 +1,12 @@
 """Making a video's output variants from its decoded frames: WebM, an animated WebP preview, an upscale.
 
-CPU only (PyAV and Pillow), for the post queue. The diffusers upscaler is used only where a local
-directory is configured (upscale_model_dir); it is imported then, never at import time.
+CPU work (PyAV and Pillow), for the post queue. The diffusers upscaler (tasks.generators.upscaler,
+torch) is used only where a local directory is configured (upscale_model_dir); it is imported
+then, so a post worker without one never loads torch.
 """
 
 from __future__ import annotations
 
-import functools
 import os
 from typing import Any
 
@@ -82,32 +82,23 @@ def write_preview(frames: np.ndarray, fps: int, path: str) -> int:
         return os.path.getsize(tmp)
 
 
-def upscale_frames(frames: np.ndarray, factor: int, model_dir: str = "") -> np.ndarray:
-    """Each frame `factor` times larger: the diffusers upscaler in `model_dir` if one is named,
-    else Lanczos resampling (the documented fallback: sharper edges, no new detail)."""
+def upscale_frames(
+    frames: np.ndarray, factor: int, *, model_dir: str = "", prompt: str = "", steps: int = 20
+) -> np.ndarray:
+    """Each frame `factor` times larger: the diffusers upscaler in `model_dir` if one is named
+    (its own factor resampled to the asked one), else Lanczos resampling (the documented
+    fallback: sharper edges, no new detail)."""
     height, width = frames.shape[1:3]
     size = (width * factor, height * factor)
     if model_dir:
-        pipe = _upscaler(model_dir)
-        out = []
-        for frame in frames:
-            image = pipe(prompt="", image=Image.fromarray(frame)).images[0]
-            # The model's own factor (x4 for stable-diffusion-x4-upscaler) resampled to the asked one.
-            out.append(np.asarray(image.convert("RGB").resize(size, Image.Resampling.LANCZOS)))
-        return np.stack(out)
+        from tasks.generators import upscaler
+
+        frames = upscaler.upscale(frames, prompt, model_dir, steps)
+        if frames.shape[1:3] == (size[1], size[0]):
+            return frames
     return np.stack([np.asarray(Image.fromarray(f).resize(size, Image.Resampling.LANCZOS)) for f in frames])
 
 
-@functools.lru_cache(maxsize=1)
-def _upscaler(model_dir: str) -> Any:
-    """The local diffusers upscaler pipeline, loaded once per process (local files only)."""
-    import torch  # only a worker with a configured upscaler needs torch here
-    from diffusers import DiffusionPipeline
-
-    pipe = DiffusionPipeline.from_pretrained(model_dir, local_files_only=True)
-    return pipe.to("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def write_upscaled(frames: np.ndarray, fps: int, path: str, factor: int, model_dir: str = "") -> int:
-    """The upscaled frames as H.264 MP4; the file's size."""
-    return int(encode_mp4(upscale_frames(frames, factor, model_dir), fps, path)["bytes"])
+def write_upscaled(frames: np.ndarray, fps: int, path: str, factor: int, **model: Any) -> int:
+    """The upscaled frames as H.264 MP4 (`model`: upscale_frames' model_dir, prompt, steps); its size."""
+    return int(encode_mp4(upscale_frames(frames, factor, **model), fps, path)["bytes"])

@@ -46,7 +46,10 @@ def _preview(frames: np.ndarray, fps: int, path: str, job: Job, rt: Runtime) -> 
 
 def _upscale(frames: np.ndarray, fps: int, path: str, job: Job, rt: Runtime) -> int:
     factor = int((job.params or {}).get("upscale_factor", 2))
-    return write_upscaled(frames, fps, path, factor, rt.settings.upscale_model_dir)
+    return write_upscaled(
+        frames, fps, path, factor, model_dir=rt.settings.upscale_model_dir, steps=rt.settings.upscale_steps,
+        prompt=job.output_text or job.prompt,  # what the video was rendered from: the upscaler's condition
+    )  # fmt: skip
 
 
 MAKERS: dict[str, Maker] = {"webm": _webm, "preview": _preview, "upscale": _upscale}

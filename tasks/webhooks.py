@@ -98,7 +98,9 @@ def render(message: WebhookMessage, base_url: str, retention_s: int | None = Non
     """The payload {type, id, timestamp, data}; data is the job resource as the event left it.
 
     A `job.shot.completed` payload also says which shot (`shot`): the resource leaves a
-    storyboard's shots out of webhook payloads, and the event is about one of them.
+    storyboard's shots out of webhook payloads, and the event is about one of them. A
+    `job.variant.completed` payload says which variant (`variant`: name, status, pending); the
+    resource's `variants` has its links.
     """
     payload: dict[str, Any] = {
         "type": message.type,
@@ -108,6 +110,13 @@ def render(message: WebhookMessage, base_url: str, retention_s: int | None = Non
     }
     if message.type == "job.shot.completed":
         payload["shot"] = _shot(message.event.data or {}, f"{base_url}/v1/jobs/{message.job_id}/content")
+    elif message.type == "job.variant.completed":
+        data = message.event.data or {}
+        payload["variant"] = {
+            "name": data.get("variant"),
+            "status": data.get("status"),
+            "variants_pending": data.get("variants_pending"),
+        }
     return json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
 
 

@@ -263,3 +263,26 @@ def test_a_storyboard_streams_each_shot_as_it_completes(quiet_app, settings, ses
     assert events[-1].event == "job.succeeded"
     # Every stored event, in order (live progress frames carry no id: they are not stored).
     assert [f.id for f in events if f.id is not None] == [i for i, _ in stored(sessions, jid)]
+
+
+def test_a_job_with_variants_streams_each_one_then_ends(quiet_app, settings, sessions):
+    """The stream stays open past job.succeeded while variants are made: one job.variant.completed
+    each (what is left counting down), then it ends."""
+    client = quiet_app.test_client()
+    params = VIDEO | {"steps": 2, "variants": ["webm", "preview"]}
+    with thread_workers(settings):
+        jid = submit(client, params=params)
+        got = until_end(stream(client, jid), timeout=90)
+    events = [f for f in got if f.event and f.id is not None]
+    names = [f.event for f in events]
+    assert names.index("job.succeeded") < names.index("job.variant.completed"), names
+    made = [f.data["data"] for f in events if f.event == "job.variant.completed"]
+    assert [(d["variant"], d["status"], d["variants_pending"]) for d in made] == [
+        ("webm", "ready", 1),
+        ("preview", "ready", 0),
+    ]
+    assert all(d["bytes"] > 0 for d in made) and events[-1].event == "job.variant.completed"
+    assert [f.id for f in events] == [i for i, _ in stored(sessions, jid)]
+    # A stream opened afterwards replays them and ends too.
+    again = [f.event for f in until_end(stream(client, jid), timeout=10) if f.id is not None]
+    assert again == names

@@ -155,6 +155,13 @@ class WorkerSettings(BaseModel):
         description="A local diffusers upscaler directory (e.g. stable-diffusion-x4-upscaler) for the "
         "`upscale` variant; empty: Lanczos resampling (Pillow), no model. Never downloaded.",
     )
+    upscale_steps: int = Field(
+        20,
+        ge=1,
+        le=200,
+        description="Denoising steps of the diffusers upscaler (upscale_model_dir) per frame; more: "
+        "finer detail, slower. Unused by the Lanczos fallback.",
+    )
     upscale_max_side: int = Field(
         2048,
         ge=64,

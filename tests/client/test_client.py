@@ -172,6 +172,20 @@ def test_events_resume_with_last_event_id_across_closed_streams(
     assert len(resumed) >= 3 and resumed[0] is None and all(resumed[1:]), resumed  # reconnected, resuming
 
 
+def test_events_follow_a_job_s_variants_to_the_end(gqc, web, api_key, module_worker) -> None:
+    """Past job.succeeded: each variant's job.variant.completed, then the stream's end, sync and async."""
+    job = gqc.submit("a kite", "video", params=VIDEO | {"variants": ["webm", "preview"]})
+    followed = [e.type for e in gqc.events(job.id) if e.id is not None]
+    assert followed[-3:] == ["job.succeeded", "job.variant.completed", "job.variant.completed"]
+    assert {v["status"] for v in gqc.get(job.id).variants.values()} == {"ready"}
+
+    async def again() -> list[str]:
+        async with gq.AsyncClient(web, api_key) as c:
+            return [e.type async for e in c.events(job.id) if e.id is not None]
+
+    assert asyncio.run(again()) == followed  # a replay of the finished job ends the same way
+
+
 def test_wait_falls_back_to_polling_when_no_stream_is_allowed(
     settings, sessions, api_key, recorder, module_worker, tmp_path_factory, monkeypatch
 ) -> None:

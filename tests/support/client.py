@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -61,6 +62,11 @@ def genqueue(web: str, key: str, *args: str, **kw: Any) -> subprocess.CompletedP
 
 
 def spawn(web: str, key: str, *args: str) -> subprocess.Popen[bytes]:
-    """`genqueue ARGS` started in the background (to be canceled or interrupted meanwhile)."""
+    """`genqueue ARGS` started in the background (to be canceled or interrupted meanwhile), with
+    SIGINT at its default as in a terminal: a suite run from a non-interactive shell's background
+    job inherits it ignored, and Python then installs no KeyboardInterrupt handler."""
     cmd = [sys.executable, "-m", "app.cli", *args]
-    return subprocess.Popen(cmd, env=environment(web, key), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        cmd, env=environment(web, key), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip

@@ -31,16 +31,22 @@ def in_process_worker(
 
     if queues is not None:
         options["queues"] = queues
-    with start_worker(
-        app,
-        pool="threads",
-        concurrency=concurrency,
-        perform_ping_check=False,
-        shutdown_timeout=shutdown_timeout,
-        loglevel=loglevel,
-        **options,
-    ) as controller:
-        yield controller
+    try:
+        with start_worker(
+            app,
+            pool="threads",
+            concurrency=concurrency,
+            perform_ping_check=False,
+            shutdown_timeout=shutdown_timeout,
+            loglevel=loglevel,
+            **options,
+        ) as controller:
+            yield controller
+    finally:
+        if queues is not None:
+            # The worker's -Q selects on the app's own queue table: without this, the app's
+            # next worker (a later test's, on a shared app) would consume these queues only.
+            app.amqp.queues.select(list(app.amqp.queues))
 
 
 @contextmanager
