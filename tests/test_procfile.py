@@ -1,4 +1,5 @@
-"""The README's production command as written: a real video job, Flower behind basic auth, a graceful stop."""
+"""The README's production command as written: real video, image and storyboard jobs (with a variant),
+Flower behind basic auth, a graceful stop."""
 
 from __future__ import annotations
 
@@ -83,6 +84,26 @@ def _video(steps: int) -> dict[str, Any]:
     return {"prompt": "a paper boat on a river", "modality": "video", "params": params, "cache": False}
 
 
+IMAGE = {"width": 64, "height": 96, "steps": 2, "seed": 1}
+BOARD = {"width": 64, "height": 64, "num_frames": 5, "steps": 2, "seed": 1, "shots": 2, "variants": ["webm"]}
+
+
+def _submit(web: str, headers: dict[str, str], prompt: str, modality: str, params: dict[str, Any]) -> str:
+    body = {"prompt": prompt, "modality": modality, "params": params, "cache": False}
+    resp = httpx.post(f"{web}/v1/jobs", json=body, headers=headers, timeout=10)
+    assert resp.status_code == 202, resp.text
+    return web + resp.headers["Location"]
+
+
+def _finished(location: str, headers: dict[str, str], variants: bool = False) -> dict[str, Any] | None:
+    """The job once finished (and, with `variants`, none of its variants pending)."""
+    job: dict[str, Any] = httpx.get(location, headers=headers, timeout=10).json()
+    if job["status"] not in FINISHED:
+        return None
+    pending = variants and any(v["status"] == "pending" for v in (job.get("variants") or {}).values())
+    return None if pending else job
+
+
 @pytest.mark.slow
 def test_the_readme_command_runs_a_video_job_and_stops_gracefully(stack_env, sessions, tmp_path) -> None:
     exports, command = readme_deployment()
@@ -142,6 +163,25 @@ def test_the_readme_command_runs_a_video_job_and_stops_gracefully(stack_env, ses
         assert 'genqueue_jobs{modality="video",status="queued"} 0.0' in exporter
         web_metrics = httpx.get(f"{web}/metrics", timeout=10).text
         assert 'genqueue_jobs_submitted_total{modality="video"} 1.0' in web_metrics
+
+        # The other modalities on the same stack: an image job on worker_image, a two-shot
+        # storyboard (shots and stitch on worker_video) whose WebM variant worker_post makes.
+        image = _submit(web, headers, "a red lighthouse", "image", IMAGE)
+        board = _submit(web, headers, "A boat leaves. A storm comes.", "storyboard", BOARD)
+        image = wait_for(lambda: _finished(image, headers), 300, 0.5, "the image job")
+        assert image["status"] == "succeeded", image
+        png = httpx.get(web + image["outputs"]["images"][0]["png_url"], headers=headers, timeout=10)
+        assert png.status_code == 200 and png.content[:8] == b"\x89PNG\r\n\x1a\n"
+        board = wait_for(lambda: _finished(board, headers, variants=True), 300, 0.5, "the storyboard")
+        assert board["status"] == "succeeded" and len(board["storyboard"]["shots"]) == 2, board
+        film = httpx.get(web + board["outputs"]["video_url"], headers=headers, timeout=10)
+        assert film.status_code == 200 and film.content[4:8] == b"ftyp"
+        assert board["variants"]["webm"]["status"] == "ready", board["variants"]
+        webm = httpx.get(web + board["variants"]["webm"]["url"], headers=headers, timeout=10)
+        assert webm.status_code == 200 and webm.content[:4] == b"\x1a\x45\xdf\xa3"  # EBML
+        catalog = httpx.get(f"{web}/v1/models", headers=headers, timeout=10).json()["data"]
+        warm = {(m["stage"], m["id"]) for m in catalog if m["default"] and m["warm"]}
+        assert {"text", "video", "image"} <= {stage for stage, _ in warm}, catalog  # each one loaded
 
         # Graceful stop: SIGTERM while a job is in its video stage and its submit is held open
         # (Prefer: wait): the worker finishes the task and web answers the held request.
