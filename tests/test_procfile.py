@@ -1,5 +1,5 @@
 """The README's production command as written: real video, image and storyboard jobs (with a variant),
-Flower behind basic auth, a graceful stop."""
+a hot swap, Flower behind basic auth, a graceful stop."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import httpx
 import psutil
 import pytest
 
+from models.cache import spec_version
 from tests.support.api import make_api_key
 from tests.support.procs import ROOT, free_port, wait_for
 
@@ -104,6 +106,19 @@ def _finished(location: str, headers: dict[str, str], variants: bool = False) ->
     return None if pending else job
 
 
+def _models_cli(env: dict[str, str], *args: str) -> None:
+    cmd = [sys.executable, "-m", "app.cli", "models", *args]
+    done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _ran(web: str, headers: dict[str, str], wanted: Callable[[str], bool]) -> dict[str, Any] | None:
+    """A new quick video job, once finished, if the version its video stage ran is `wanted`."""
+    location = _submit(web, headers, "a paper boat", "video", _video(2)["params"])
+    job = wait_for(lambda: _finished(location, headers), 120, 0.2, "the video job")
+    return job if wanted(job["models"]["video"]["version"]) else None
+
+
 @pytest.mark.slow
 def test_the_readme_command_runs_a_video_job_and_stops_gracefully(stack_env, sessions, tmp_path) -> None:
     exports, command = readme_deployment()
@@ -183,6 +198,16 @@ def test_the_readme_command_runs_a_video_job_and_stops_gracefully(stack_env, ses
         warm = {(m["stage"], m["id"]) for m in catalog if m["default"] and m["warm"]}
         assert {"text", "video", "image"} <= {stage for stage, _ in warm}, catalog  # each one loaded
 
+        # A hot swap reaches the prefork video worker's child without a restart: wan-tiny's jobs
+        # run on the echo weights until the unswap, each recording the version that ran.
+        wan_version = job["models"]["video"]["version"]
+        _models_cli(stack_env, "swap", "video", "wan-tiny", "echo")
+        swapped = wait_for(lambda: _ran(web, headers, lambda v: v != wan_version), 60, 0.2, "the swap")
+        ran = swapped["models"]["video"]
+        assert (ran["id"], ran["version"]) == ("wan-tiny", spec_version("echo"))
+        _models_cli(stack_env, "unswap", "video", "wan-tiny")
+        wait_for(lambda: _ran(web, headers, lambda v: v == wan_version), 60, 0.2, "wan-tiny again")
+
         # Graceful stop: SIGTERM while a job is in its video stage and its submit is held open
         # (Prefer: wait): the worker finishes the task and web answers the held request.
         held: dict[str, Any] = {}
@@ -200,7 +225,8 @@ def test_the_readme_command_runs_a_video_job_and_stops_gracefully(stack_env, ses
 
         def in_video_stage() -> bool:
             page = httpx.get(f"{web}/v1/jobs?limit=1", headers=headers, timeout=10).json()["data"]
-            return bool(page) and page[0]["id"] != job["id"] and page[0]["stage"] == "video"
+            # Running: the jobs before it finished in their last stage (video) too.
+            return bool(page) and page[0]["status"] == "running" and page[0]["stage"] == "video"
 
         wait_for(in_video_stage, 120, 0.2, "the second job to reach its video stage")
         family = psutil.Process(proc.pid).children(recursive=True)
