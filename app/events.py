@@ -137,9 +137,7 @@ def _read(
                 break
         if job is None:
             return rows, None
-        pending = job.status == JobStatus.SUCCEEDED and any(
-            (slot or {}).get("status") == variants.PENDING for slot in (job.variants or {}).values()
-        )
+        pending = job.status == JobStatus.SUCCEEDED and bool(variants.pending_in(job.variants))
         return rows, (job.progress, job.stage, pending)
 
 

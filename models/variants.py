@@ -32,9 +32,14 @@ def slots(params: dict[str, Any]) -> dict[str, Any] | None:
     return {name: {"status": PENDING} for name in names} or None
 
 
+def pending_in(value: dict[str, Any] | None) -> list[str]:
+    """The pending names of a `jobs.variants` value, in the order the job asked for them."""
+    return [name for name, slot in (value or {}).items() if (slot or {}).get("status") == PENDING]
+
+
 def pending(job: Job) -> list[str]:
     """The variants still to make, in the order the job asked for them."""
-    return [name for name, slot in (job.variants or {}).items() if slot.get("status") == PENDING]
+    return pending_in(job.variants)
 
 
 def waiting_jobs(session: Session, job_id: uuid.UUID) -> list[uuid.UUID]:
@@ -46,7 +51,7 @@ def waiting_jobs(session: Session, job_id: uuid.UUID) -> list[uuid.UUID]:
         Job.data_removed_at.is_(None),
     )
     rows = session.execute(stmt).all()
-    return [jid for jid, slots_ in rows if any(v.get("status") == PENDING for v in (slots_ or {}).values())]
+    return [jid for jid, value in rows if pending_in(value)]
 
 
 def stalled(session: Session, now: datetime, stall_s: float, limit: int) -> list[uuid.UUID]:
@@ -94,14 +99,13 @@ def record(
     current: dict[str, Any] = dict(row.variants or {})
     if (current.get(name) or {}).get("status") != PENDING:
         return "not_pending"  # a redelivery after the first recorded it
-    data: dict[str, Any] = {"variant": name}
     if error is None:
         current[name] = {"status": READY, "key": key, "bytes": size}
-        data |= {"status": READY, "bytes": size}
     else:
         current[name] = {"status": FAILED, "error": error[:ERROR_MAX_CHARS]}
-        data |= {"status": FAILED, "error": error[:ERROR_MAX_CHARS]}
-    data["variants_pending"] = sum(1 for slot in current.values() if slot.get("status") == PENDING)
+    # The event says what the slot now says, less the storage key (the resource has the links).
+    data = {"variant": name} | {k: v for k, v in current[name].items() if k != "key"}
+    data["variants_pending"] = len(pending_in(current))
     _transition_row(
         session, job_id, Job.status == JobStatus.SUCCEEDED, {"variants": current}, EVENT,
         from_status=JobStatus.SUCCEEDED, event_data=data,
