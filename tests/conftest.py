@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,7 +14,9 @@ import pytest
 import redis
 from flask import Flask
 from flask.testing import FlaskClient
+from psycopg.errors import DeadlockDetected
 from sqlalchemy import create_engine, text
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -100,11 +103,24 @@ def engine(settings: Settings):
     eng.dispose()
 
 
+def _truncate(engine) -> None:
+    """Empty every table; a module-scoped worker may still be writing (an event, an outbox row),
+    and Postgres may pick the TRUNCATE as a deadlock's victim: then it is simply run again."""
+    for attempt in range(5):
+        try:
+            with engine.begin() as conn:
+                conn.execute(text(f"TRUNCATE {', '.join(TABLES)} RESTART IDENTITY CASCADE"))
+            return
+        except OperationalError as exc:
+            if not isinstance(exc.orig, DeadlockDetected) or attempt == 4:
+                raise
+            time.sleep(0.1)
+
+
 @pytest.fixture
 def sessions(engine) -> sessionmaker[Session]:
     """Session factory on the per-run database, emptied before each test (the default tenant kept)."""
-    with engine.begin() as conn:
-        conn.execute(text(f"TRUNCATE {', '.join(TABLES)} RESTART IDENTITY CASCADE"))
+    _truncate(engine)
     factory = make_session_factory(engine)
     with transaction(factory) as s:
         ensure_default_tenant(s)  # jobs written without a tenant_id belong to it

@@ -121,7 +121,8 @@ def test_a_process_that_ignores_sigterm_gets_sigquit_after_the_stop_timeout(tmp_
         rc, took, orphans = _stop(proc, 30)
     text = log.read_text()
     assert rc == 1 and "stubborn still running: SIGQUIT" in text, text
-    assert took < 8 and not orphans
+    # Without the SIGQUIT the stop would wait out the 60 s sleep; the bound is loose for a loaded machine.
+    assert took < 20 and not orphans
 
 
 def test_start_refuses_an_unauthenticated_flower_before_migrating(tmp_path) -> None:
