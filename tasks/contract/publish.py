@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable, Iterable
-from typing import Any
 
 from celery import Celery
 from celery.canvas import Signature
@@ -16,6 +15,7 @@ from models import Stage, outbox
 from tasks.contract import names
 from tasks.contract.routing import broker_priority
 from tasks.contract.stages import ENTRY_STAGE, TASKS, chained, stages_from
+from tasks.contract.templates import Key, templates
 
 log = logging.getLogger(__name__)
 
@@ -66,20 +66,42 @@ def publish_job(
     priority: str,
     stage: Stage | str = ENTRY_STAGE,
     producer: Producer | None = None,
-    declared: set[str] | None = None,
+    declared: set[Key] | None = None,
 ) -> None:
     """Send the job from `stage` on (text -> video, or the video stage alone for the reaper).
 
-    The stages come from the modality's pipeline (tasks.contract.stages.PIPELINES). The first
-    task carries the rest as its chain, exactly what chain(text, video) sends,
-    built directly: the canvas's generic preparation cost a fifth of the publish. Raises
-    kombu/OS errors if the broker cannot take it in time: broker_connection_timeout per try,
-    two quick retries, so a broker outage becomes a 503 within seconds, not a hung request.
+    The stages come from the modality's pipeline (tasks.contract.stages.PIPELINES). The message
+    is what `_send_stages` sends through Celery, recorded once per shape and sent with this job's
+    id put in (tasks.contract.templates). Raises kombu/OS errors if the broker cannot take it in
+    time: broker_connection_timeout per try, two quick retries, so a broker outage becomes a 503
+    within seconds, not a hung request.
     `producer`: one already acquired (publish_jobs); None takes one from the pool per call.
-    `declared`: the tasks whose queues this producer declared already (publish_jobs): kombu's
+    `declared`: the shapes whose queue this producer declared already (publish_jobs): kombu's
     maybe_declare per message cost a tenth of a batch's publishing.
     """
-    jid = str(job_id)
+    jid, table = str(job_id), templates(app)
+    if not table.usable:
+        _send_stages(app, jid, modality, priority, stage, producer)
+        return
+    key: Key = (modality, priority, str(stage))
+    declare = declared is None or key not in declared
+    if declared is not None:
+        declared.add(key)
+    with app.producer_or_acquire(producer) as p:
+
+        def send(recorder: Producer, placeholder: str) -> None:
+            _send_stages(app, placeholder, modality, priority, stage, recorder)
+
+        template = table.get(key, p, send)
+        with p.connection._reraise_as_library_errors():  # as send_task: kombu's errors for redis-py's
+            template.publish(app, p, jid, declare)
+
+
+def _send_stages(
+    app: Celery, jid: str, modality: str, priority: str, stage: Stage | str, producer: Producer | None
+) -> None:
+    """The first stage's task, carrying the rest as its chain: exactly what chain(text, video)
+    sends, built directly (the canvas's generic preparation cost a fifth of the publish)."""
     prio = broker_priority(priority, app.conf.broker_url)
     errback = app.signature(names.COMPENSATE, args=(jid,), immutable=True)
     start, *rest = chained(stages_from(modality, stage))
@@ -87,11 +109,6 @@ def publish_job(
     # A message's chain is a stack: the next task is popped from its end.
     then = [_stage(app, jid, later, prio, errback) for later in reversed(rest)] or None
     assert first.task is not None  # _stage names it
-    options: dict[str, Any] = dict(first.options)
-    if declared is not None and first.task in declared:
-        options["declare"] = []  # celery declares the task's queue before each message unless told
-    elif declared is not None:
-        declared.add(first.task)
     app.send_task(
         first.task,
         args=first.args,
@@ -102,7 +119,7 @@ def publish_job(
         # What celery's saferepr would write, without its cost: the args are one short id.
         argsrepr=repr(first.args),
         kwargsrepr="{}",
-        **options,
+        **first.options,
     )
 
 
@@ -116,7 +133,7 @@ def publish_jobs(
     with none reported. Elsewhere (AMQP) `published([id])` follows each message, and the first
     failure raises, leaving the jobs after it unpublished.
     """
-    jobs, declared = list(jobs), set[str]()
+    jobs, declared = list(jobs), set[Key]()
     with app.producer_or_acquire() as producer:
         if producer.supports_batch_publish:
             with producer.batch(max_size=max(1, 2 * len(jobs))):  # one flush: a message is 1-2 commands
