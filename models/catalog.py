@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import TYPE_CHECKING, Literal
 
 from models.model_ids import StageName, parse_extra_models, stages
@@ -110,15 +111,22 @@ def default_spec(settings: Settings, stage: str) -> str:
     return str(configured_spec or next(e.name for e in BUILTIN if e.stage == stage))
 
 
-def configured(settings: Settings) -> list[CatalogModel]:
+def configured(settings: Settings) -> tuple[CatalogModel, ...]:
     """Every model a job may name under these settings: the built-ins, settings.extra_models and
     each stage's configured default (which may be a directory of its own), stage by stage."""
+    defaults = tuple(default_spec(settings, stage) for stage in stages())
+    return _configured(defaults, settings.extra_models, settings.model_swaps)
+
+
+@lru_cache(maxsize=64)
+def _configured(defaults: tuple[str, ...], extra: str, swapped: str) -> tuple[CatalogModel, ...]:
+    """configured() from the settings it reads; kept, since a submit asks for it once per job and
+    stage (building it was a twelfth of a batch's CPU)."""
     out: list[CatalogModel] = []
-    swaps = parse_extra_models(settings.model_swaps)
-    for stage in stages():
-        default = default_spec(settings, stage)
+    swaps = parse_extra_models(swapped)
+    for stage, default in zip(stages(), defaults, strict=True):
         specs = {e.name: e.name for e in BUILTIN if e.stage == stage}
-        specs |= {model_id: spec for s, model_id, spec in extra_models(settings) if s == stage}
+        specs |= {model_id: spec for s, model_id, spec in parse_extra_models(extra) if s == stage}
         default_id = next((i for i, spec in specs.items() if spec == default), None)
         if default_id is None:
             default_id = _id_of(default) if _id_of(default) not in specs else default
@@ -127,7 +135,7 @@ def configured(settings: Settings) -> list[CatalogModel]:
         specs |= {model_id: spec for s, model_id, spec in swaps if s == stage and model_id in specs}
         for model_id, spec in specs.items():
             out.append(CatalogModel(stage, model_id, spec, _source(stage, spec), model_id == default_id))
-    return out
+    return tuple(out)
 
 
 def find(settings: Settings, stage: str, model_id: str) -> CatalogModel | None:
