@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Blueprint, Response, jsonify
+from flask import Blueprint, Response
 from pydantic import ValidationError
 from sqlalchemy.exc import IntegrityError
 
@@ -20,12 +20,13 @@ from app.admission import admission
 from app.auth import current_principal
 from app.body import json_body
 from app.errors import ValidationFailed
-from app.job_access import model_of, queue_counts, queue_positions
+from app.job_access import models_of, queue_counts, queue_positions
 from app.schemas import JobBatchEnvelope, field_errors
 from app.services import services
 from models import Job, JobStatus
 from models.base import utcnow
-from models.resource import job_batch
+from models.resource import Job as JobResource
+from models.resource import job_batch_json
 
 bp = Blueprint("batch", __name__, url_prefix="/v1")
 Answer = tuple[Response, int, dict[str, str]]
@@ -79,13 +80,18 @@ def submit_batch() -> Answer:
     submission.publish(who, gate, jobs)
     queued = [j for j in jobs if j.status == JobStatus.QUEUED and not j.cached]
     positions = dict(zip([j.id for j in queued], queue_counts().positions_of_new(queued), strict=True))
-    models = [model_of(job, positions.get(job.id)) for job in jobs]
-    return jsonify(job_batch(models)), 202, {}
+    return _answer(models_of(jobs, positions)), 202, {}
 
 
 def _replayed(jobs: list[Job]) -> Answer:
     """An Idempotency-Key replay: the batch's jobs as they are now."""
     with services().sessions() as s:
         positions = queue_positions(s, jobs)
-        models = [model_of(j, positions.get(j.id)) for j in jobs]
-    return jsonify(job_batch(models)), 202, {"Idempotent-Replayed": "true"}
+        models = models_of(jobs, positions)
+    return _answer(models), 202, {"Idempotent-Replayed": "true"}
+
+
+def _answer(models: list[JobResource]) -> Response:
+    """The batch as JSON, written by pydantic in one pass (model_dump then Flask's json.dumps of
+    500 resources was a seventh of a batch's CPU); the fields in the resource's order."""
+    return Response(job_batch_json(models), mimetype="application/json")

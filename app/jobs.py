@@ -40,7 +40,7 @@ from app.errors import (
 from app.job_access import (
     current_resource,
     load_job,
-    model_of,
+    models_of,
     queue_counts,
     queue_positions,
     read_job,
@@ -191,7 +191,7 @@ def list_jobs() -> Response:
         jobs = list(s.scalars(stmt))
         page, more = jobs[: query.limit], len(jobs) > query.limit
         positions = queue_positions(s, page)
-        data = [model_of(j, positions.get(j.id)) for j in page]
+        data = models_of(page, positions)
     return jsonify(job_list(data, _encode_cursor(page[-1]) if more else None))
 
 
