@@ -92,6 +92,6 @@ def _replayed(jobs: list[Job]) -> Answer:
 
 
 def _answer(models: list[JobResource]) -> Response:
-    """The batch as JSON, written by pydantic in one pass (model_dump then Flask's json.dumps of
-    500 resources was a seventh of a batch's CPU); the fields in the resource's order."""
+    """The batch as JSON, written by pydantic in one pass instead of model_dump then Flask's
+    json.dumps (about 7% of a 500-job request's profile); the fields in the resource's order."""
     return Response(job_batch_json(models), mimetype="application/json")
