@@ -10,8 +10,9 @@ max_wait/4 (so a lone job is not held the full max_wait).
 Time limits: the threads pool enforces none, so every request carries a deadline (task start +
 soft time limit). A caller stops waiting at its deadline and raises SoftTimeLimitExceeded (the
 pipeline records `timeout`); a request whose caller has gone is dropped before its batch starts,
-and a running batch stops once all its callers have gone. Under prefork the pool's own soft and
-hard limits still apply on top.
+and a running batch stops once all its callers have gone; a call that outlives the stage's hard
+limit ends the worker process (tasks/hang_guard.py). Under prefork the pool's own soft and hard
+limits apply instead.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from celery.signals import task_postrun, task_prerun
 
 from models import Stage
 from models.settings import Settings
+from tasks import hang_guard
 from tasks.contract.stages import StageSpec, spec_for, stage_of_task
 from tasks.generators.base import (
     CancelCheck,
@@ -300,7 +302,8 @@ def _runner(spec: StageSpec, keep: int) -> RunBatch:
     def run(batch: list[Item]) -> Sequence[Any]:
         gen = get_generator(spec.stage, spec.model, spec.dtype, keep)  # reloaded if unloaded meanwhile
         requests, progress = [i.request for i in batch], [i.on_progress for i in batch]
-        return _generate(gen, requests, progress, _all_gone(batch))
+        with hang_guard.guarded(f"{spec.stage}:{spec.model}", spec.time_limit_s):
+            return _generate(gen, requests, progress, _all_gone(batch))
 
     return run
 

@@ -8,10 +8,11 @@ from collections.abc import Callable
 from typing import Any
 
 from celery import Celery
+from celery.apps.worker import Worker as CliWorker
 from celery.signals import worker_process_init, worker_ready
 
 from models.settings import Settings
-from tasks import metrics_server, model_presence
+from tasks import hang_guard, metrics_server, model_presence
 from tasks.celery_app import app_settings
 from tasks.contract.stages import spec_for
 from tasks.generators.registry import get_generator
@@ -58,6 +59,9 @@ def _on_worker_ready(sender: Any = None, **_: Any) -> None:
     name = pool if isinstance(pool, str) else getattr(pool, "__module__", "")
     if "prefork" in name:
         return  # children loaded their own models in worker_process_init
+    if isinstance(getattr(sender, "controller", None), CliWorker):
+        # The pool enforces no hard time limit; in-process workers (demo, tests) stay unarmed.
+        hang_guard.arm(sender.controller)
     loaded = preload_models(_settings(sender.app))
     log.info("genqueue worker %s ready; models: %s", sender.hostname, ", ".join(loaded) or "lazy")
 

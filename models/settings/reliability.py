@@ -10,11 +10,15 @@ class ReliabilitySettings(BaseModel):
 
     # -- stages, retries and recovery (docs/RELIABILITY.md)
     text_soft_time_limit_s: int = Field(300, description="Text task soft time limit (raised in the task).")
-    text_time_limit_s: int = Field(360, description="Text task hard time limit (the pool kills the task).")
+    text_time_limit_s: int = Field(
+        360,
+        description="Text task hard time limit: prefork kills the task; a threads worker whose generate() "
+        "call outlives it restarts itself (tasks/hang_guard.py).",
+    )
     video_soft_time_limit_s: int = Field(1800, description="Video task soft time limit.")
-    video_time_limit_s: int = Field(1900, description="Video task hard time limit.")
+    video_time_limit_s: int = Field(1900, description="Video task hard time limit (as the text one).")
     image_soft_time_limit_s: int = Field(600, description="Image task soft time limit.")
-    image_time_limit_s: int = Field(660, description="Image task hard time limit.")
+    image_time_limit_s: int = Field(660, description="Image task hard time limit (as the text one).")
     max_retries: int = Field(3, description="Retries of a transient (model) failure per stage.")
     retry_backoff_s: float = Field(2.0, description="First retry countdown; doubles per attempt.")
     retry_backoff_max_s: float = Field(300.0, description="Upper bound of the retry countdown.")

@@ -1,7 +1,7 @@
 """Adapters for failure tests, loaded by spec ("tests.support.generators:Class") like any model.
 
-Each one misbehaves in one way a real model can: fails transiently a few times, runs slowly
-token by token, runs out of memory above a size, costs time in proportion to its size, or
+Each one misbehaves in one way a real model can: fails transiently a few times, hangs, runs
+slowly token by token, runs out of memory above a size, costs time in proportion to its size, or
 kills its own process. SlowText and TracedVideo record each request's run (steps done, how it
 ended) so an in-process test can tell a stage that stopped from one that ran to the end.
 """
@@ -110,6 +110,21 @@ class CostlyFlakyText(FlakyText):
     ) -> list[TextResult]:
         time.sleep(float(os.environ.get("GENQUEUE_TEST_CALL_SECONDS") or 0.1) * len(requests))
         return super().run_batch(requests, should_cancel)
+
+
+class HangingText(EchoTextGenerator):
+    """A prompt with [[hang]] never returns: the call blocks for good and ignores cancels, as a
+    model stuck in a kernel or a deadlock would."""
+
+    def run_batch(
+        self,
+        requests: Sequence[TextRequest],
+        should_cancel: CancelCheck | None = None,
+        on_step: StepCallback | None = None,
+    ) -> list[TextResult]:
+        if any("[[hang]]" in r.prompt for r in requests):
+            threading.Event().wait()
+        return super().run_batch(requests, should_cancel, on_step)
 
 
 class SlowText(EchoTextGenerator):
