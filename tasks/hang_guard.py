@@ -30,25 +30,24 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from celery.platforms import EX_FAILURE
+
 log = logging.getLogger("genqueue.hang_guard")
 
 EXIT_GRACE_S = 30.0  # after the SIGQUIT, how long the cold shutdown may take before os._exit
-EX_SOFTWARE = 70  # os._exit's status when the cold shutdown did not finish
-EX_FAILURE = 1  # the worker's status after the cold shutdown: not 0, which supervision leaves down
 
 _cond = threading.Condition()
 _calls: dict[int, tuple[float, str, float]] = {}  # token -> (deadline, what, limit_s)
 _tokens = itertools.count()
-_armed = False  # the watching thread runs once armed; guarded() only registers calls
-_thread: threading.Thread | None = None
+_thread: threading.Thread | None = None  # the watcher: started by arm(), None while unarmed
 _controller: Any = None  # the Celery WorkController whose exit status the cold shutdown returns
 
 
 def arm(controller: Any = None) -> None:
     """From now on, a guarded call past its limit ends this process (idempotent)."""
-    global _armed, _thread, _controller
+    global _thread, _controller
     with _cond:
-        _armed, _controller = True, controller
+        _controller = controller
         if _thread is None or not _thread.is_alive():
             _thread = threading.Thread(target=_watch, name="hang-guard", daemon=True)
             _thread.start()
@@ -56,13 +55,13 @@ def arm(controller: Any = None) -> None:
 
 
 def armed() -> bool:
-    return _armed
+    return _thread is not None
 
 
 @contextmanager
 def guarded(what: str, limit_s: float) -> Iterator[None]:
     """Run the body under a hard limit of `limit_s` seconds (ignored unless armed, or when <= 0)."""
-    if limit_s <= 0:
+    if limit_s <= 0 or _thread is None:  # unarmed: nothing would ever look at the entry
         yield
         return
     token = next(_tokens)
@@ -97,11 +96,11 @@ def _end_process(what: str, limit_s: float) -> None:
         what, limit_s, os.getpid(),
     )  # fmt: skip
     # Daemon: a cold shutdown that finishes ends the process, and this timer with it.
-    timer = threading.Timer(EXIT_GRACE_S, os._exit, (EX_SOFTWARE,))
+    timer = threading.Timer(EXIT_GRACE_S, os._exit, (os.EX_SOFTWARE,))
     timer.daemon = True
     timer.start()
     # Celery's cold shutdown leaves the exit status as it was (0 unless set): supervision must
     # see a failure, or it takes the exit for a requested stop and leaves the worker down.
     if _controller is not None:
-        _controller.exitcode = EX_FAILURE
+        _controller.exitcode = EX_FAILURE  # celery.platforms' status for a failed worker
     os.kill(os.getpid(), signal.SIGQUIT)

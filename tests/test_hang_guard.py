@@ -78,7 +78,6 @@ def test_an_armed_guard_fires_once_for_a_call_past_its_limit_and_not_for_one_ins
 
     monkeypatch.setattr(hang_guard, "_end_process", end)
     monkeypatch.setattr(hang_guard, "_thread", None)
-    monkeypatch.setattr(hang_guard, "_armed", False)
     hang_guard.arm()
     with hang_guard.guarded("video:quick", 5.0):
         time.sleep(0.05)  # returns well inside its limit
