@@ -3,6 +3,7 @@ the metrics exporter; the API client's `run` and `jobs` (app.client_cli)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -229,9 +230,11 @@ def exporter(host: str, port: int) -> None:
 def worker(max_restarts: int | None, celery_args: tuple[str, ...]) -> None:
     """Run `celery -A tasks.worker worker CELERY_ARGS`, restarting it if it exits unexpectedly.
 
-    SIGTERM/SIGINT/SIGQUIT are passed on and stop it for good; see app/supervise.py.
+    SIGTERM/SIGINT/SIGQUIT are passed on and stop it for good; see app/supervise.py. A worker
+    killed outright has the Redis messages it held put back at once (tasks/held_messages.py).
     """
     from app.supervise import celery_worker_command, supervise, worker_environment
+    from tasks import held_messages
 
     settings = Settings()
     status = supervise(
@@ -240,6 +243,7 @@ def worker(max_restarts: int | None, celery_args: tuple[str, ...]) -> None:
         backoff_s=settings.worker_restart_backoff_s,
         backoff_max_s=settings.worker_restart_backoff_max_s,
         max_restarts=max_restarts,
+        on_exit=functools.partial(held_messages.after_exit, settings),
     )
     sys.exit(status)
 

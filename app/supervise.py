@@ -33,6 +33,9 @@ PR_SET_PDEATHSIG = 1
 LINGER_S = 10.0
 
 Spawn = Callable[[], "subprocess.Popen[bytes]"]
+# Called with the child's pid and its raw return code (-N: killed by signal N) after each run,
+# before any restart: where the next run needs the last one's leftovers put right first.
+OnExit = Callable[[int, int], object]
 
 
 def celery_worker_command(args: Sequence[str], *, quiet: bool = False) -> list[str]:
@@ -106,8 +109,10 @@ class Supervisor:
         spawn: Spawn | None = None,
         group: bool = False,
         env: Mapping[str, str] | None = None,
+        on_exit: OnExit | None = None,
     ) -> None:
         self.cmd, self.name, self.group, self.env = list(cmd), name, group, env
+        self.on_exit = on_exit
         self.backoff_s, self.backoff_max_s, self.stable_s = backoff_s, backoff_max_s, stable_s
         self.max_restarts = max_restarts
         self._spawn = spawn or self._spawn_plain
@@ -147,6 +152,14 @@ class Supervisor:
             time.sleep(0.1)
         return status
 
+    def _after(self, child: subprocess.Popen[bytes]) -> None:
+        if self.on_exit is None:
+            return
+        try:
+            self.on_exit(child.pid, child.returncode)
+        except Exception:  # a failed clean-up must not stop supervision
+            log.exception("%s: clean-up after pid %d failed", self.name, child.pid)
+
     def run(self) -> int:
         """Run until stopped or cleanly exited; returns the last exit status."""
         delay, restarts = self.backoff_s, 0
@@ -159,6 +172,7 @@ class Supervisor:
             if self.stopping():  # a stop signal came while it was being started
                 self.signal(signal.SIGTERM)
             status = self._wait(child)
+            self._after(child)
             if self.stopping() or status == 0:
                 return status
             if self.max_restarts is not None and restarts >= self.max_restarts:
@@ -183,11 +197,13 @@ def supervise(
     backoff_max_s: float = 30.0,
     stable_s: float = 60.0,
     max_restarts: int | None = None,
+    on_exit: OnExit | None = None,
 ) -> int:
     """Supervise `cmd` in this (main) thread, taking the stop signals; returns the exit status."""
     sup = Supervisor(
         cmd,
         env=env,
+        on_exit=on_exit,
         backoff_s=backoff_s,
         backoff_max_s=backoff_max_s,
         stable_s=stable_s,

@@ -41,7 +41,7 @@ DEFAULT_RUNS = (
     ("text", "threads", 8),
     ("text", "threads", 16),
     ("video", "prefork", 1),
-    ("video", "threads", 1),
+    ("video", "threads", 2),
 )
 DEFAULT_JOBS = {"text": 320, "video": 40}
 # The API's defaults for a video job (models/settings/serving.py): what the stage encodes per job.
@@ -257,8 +257,7 @@ def main(argv: Sequence[str] | None = None) -> list[Run]:
     p.add_argument("--generate-ms", type=float, default=200.0, help="the fixed generators' time per call")
     args = p.parse_args(argv)
     if args.stage:
-        pool = args.pool or ("threads" if args.stage == "text" else "prefork")
-        plan = [(args.stage, pool, args.concurrency or (8 if args.stage == "text" else 1))]
+        plan = [(args.stage, args.pool or "threads", args.concurrency or (16 if args.stage == "text" else 2))]
     else:
         plan = list(DEFAULT_RUNS)
     extra = dict(item.split("=", 1) for item in args.env)

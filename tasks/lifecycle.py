@@ -1,4 +1,4 @@
-"""Worker process lifecycle: load the configured models once per process, after the fork."""
+"""Worker process lifecycle: models loaded once per process (after the fork), held messages recorded."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from typing import Any
 
 from celery import Celery
 from celery.apps.worker import Worker as CliWorker
-from celery.signals import worker_process_init, worker_ready
+from celery.signals import worker_init, worker_process_init, worker_ready, worker_shutdown
 
 from models.settings import Settings
-from tasks import hang_guard, metrics_server, model_presence
+from tasks import hang_guard, held_messages, metrics_server, model_presence
 from tasks.celery_app import app_settings
 from tasks.contract.stages import spec_for
 from tasks.generators.registry import get_generator
@@ -46,6 +46,17 @@ def _settings(app: Any) -> Settings:
     return app_settings(app)
 
 
+def _on_worker_init(sender: Any = None, **_: Any) -> None:
+    # Before the consumer starts, in the process that takes messages (any pool): a command-line
+    # worker only, since `genqueue worker` is what puts a killed one's messages back.
+    if isinstance(sender, CliWorker):
+        held_messages.record(_settings(sender.app))
+
+
+def _on_worker_shutdown(**_: Any) -> None:
+    held_messages.stop_recording()  # a warm stop restored or acked everything it held
+
+
 def _on_process_init(**_: Any) -> None:
     # Prefork child: the only safe place to touch CUDA. Never in the parent before the fork.
     from celery import current_app
@@ -71,3 +82,5 @@ def connect(app: Celery) -> None:
     metrics_server.connect()
     worker_process_init.connect(_on_process_init, weak=False, dispatch_uid="genqueue-preload-child")
     worker_ready.connect(_on_worker_ready, weak=False, dispatch_uid="genqueue-preload-ready")
+    worker_init.connect(_on_worker_init, weak=False, dispatch_uid="genqueue-held-record")
+    worker_shutdown.connect(_on_worker_shutdown, weak=False, dispatch_uid="genqueue-held-stop")

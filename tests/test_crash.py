@@ -89,6 +89,48 @@ def test_sigkill_of_the_whole_video_worker_then_a_new_one_redis(settings, sessio
     wait_for(lambda: broker_idle(broker), 30, what="no message left behind")
 
 
+@pytest.mark.slow
+def test_sigkill_of_a_supervised_threads_video_worker_puts_its_messages_back_at_once_redis(
+    settings, sessions, broker, spawn, tmp_path
+):
+    """The Procfile's video worker (threads -c 2, under `genqueue worker`) killed outright: its
+    supervisor puts the two messages it held back before the restart (tasks/held_messages.py),
+    not after the 2 h visibility timeout, and both jobs finish once."""
+    assert settings.broker_visibility_timeout_s >= 3600  # nothing else would bring them back in time
+    spawn(settings, "text,default", pool="threads", concurrency=2)
+    held_dir = tmp_path / "held"
+    env = worker_env(
+        settings,
+        GENQUEUE_ECHO_STEP_SECONDS=STEP_S,
+        GENQUEUE_WORKER_HELD_DIR=str(held_dir),
+        GENQUEUE_WORKER_RESTART_BACKOFF_S="0.5",
+    )
+    video = Worker(env, "video", tmp_path, "video", "threads", 2, supervised=True).start()
+    try:
+        from tasks.celery_app import create_celery
+
+        app = create_celery(settings, set_as_current=False)
+        jids = [submit(sessions, app, **LONG), submit(sessions, app, **LONG)]
+        [celery] = video.pool_children()
+        held = held_dir / str(celery.pid)
+        wait_for(lambda: len(list(held.iterdir())) == 2, 60, what=f"two held tags in {held}")
+        # One renders, the other waits for the model: kill in the middle of the render.
+        wait_for(lambda: any(get(sessions, i).progress > 30 for i in jids), 60, what="the render half done")
+        celery.send_signal(signal.SIGKILL)  # no ack, no restore: only the supervisor can help
+        wait_for(lambda: video.restarts() >= 1, 30, 0.2, "the supervisor's restart")
+        for jid in jids:
+            job = wait_done(sessions, jid, timeout=120)
+            assert job.status == "succeeded", (job.error_code, job.error_message)
+            assert events(sessions, jid) == ["job.started", "job.text.completed", "job.succeeded"]
+            assert files(settings.artifact_dir, jid) == ["thumbnail.jpg", "video.mp4"]
+        assert "held 2 message(s): put back in their queues" in video.log_text()
+        assert not held.exists()
+        wait_for(lambda: broker_idle(broker), 30, what="no message left behind")
+    finally:
+        video.stop()
+    assert list(held_dir.iterdir()) == []  # a warm stop leaves no folder behind
+
+
 @pytest.fixture
 def rabbit() -> Iterator[RabbitVhost]:
     if not rabbitmq_available():

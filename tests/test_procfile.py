@@ -166,7 +166,7 @@ def test_the_readme_command_runs_a_video_job_and_stops_gracefully(stack_env, ses
         ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
         assert FLOWER_PASSWORD not in ps  # the credentials travel in the environment, not argv
 
-        # The video worker's main process serves what its prefork child recorded.
+        # The video worker's /metrics serves what its task threads recorded.
         video_metrics = f"http://127.0.0.1:{stack_env['VIDEO_WORKER_METRICS_PORT']}/metrics"
         scrape = httpx.get(video_metrics, timeout=10).text
         assert 'genqueue_stage_duration_seconds_count{stage="video"} 1.0' in scrape, scrape
@@ -198,7 +198,7 @@ def test_the_readme_command_runs_a_video_job_and_stops_gracefully(stack_env, ses
         warm = {(m["stage"], m["id"]) for m in catalog if m["default"] and m["warm"]}
         assert {"text", "video", "image"} <= {stage for stage, _ in warm}, catalog  # each one loaded
 
-        # A hot swap reaches the prefork video worker's child without a restart: wan-tiny's jobs
+        # A hot swap reaches the running video worker without a restart: wan-tiny's jobs
         # run on the echo weights until the unswap, each recording the version that ran.
         wan_version = job["models"]["video"]["version"]
         _models_cli(stack_env, "swap", "video", "wan-tiny", "echo")

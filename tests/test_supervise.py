@@ -41,6 +41,45 @@ def test_a_child_that_exits_unexpectedly_is_restarted_until_it_exits_cleanly(tmp
     assert runs.read_text() == "xxxx"  # three unexpected exits, three restarts
 
 
+def test_each_run_ends_in_on_exit_with_its_pid_and_return_code_before_the_restart(tmp_path):
+    runs = tmp_path / "runs"
+    cmd = _script(
+        tmp_path,
+        f"""
+        import os
+        from pathlib import Path
+        runs = Path({str(runs)!r})
+        n = len(runs.read_text()) if runs.exists() else 0
+        runs.write_text("x" * (n + 1))
+        if n == 0:
+            os.kill(os.getpid(), 9)
+        raise SystemExit(0)
+        """,
+    )
+    seen: list[tuple[int, int, int]] = []  # pid, return code, runs so far (nothing restarted yet)
+    on_exit = lambda pid, rc: seen.append((pid, rc, len(runs.read_text())))  # noqa: E731
+    assert supervise(cmd, backoff_s=0.01, on_exit=on_exit) == 0
+    assert [(rc, n) for _, rc, n in seen] == [(-9, 1), (0, 2)]
+    assert seen[0][0] != seen[1][0]
+
+
+def test_held_messages_go_back_only_from_a_worker_that_could_not_put_them_back(tmp_path, monkeypatch):
+    """tasks.held_messages.after_exit: a killed worker's tags are restored; a worker that
+    stopped on its own restored (or acked) them itself, so its folder is only dropped."""
+    from tasks import held_messages
+
+    settings = Settings(worker_held_dir=tmp_path, broker_url="redis://127.0.0.1:6379/0")
+    restored: list[list[str]] = []
+    monkeypatch.setattr(held_messages, "_restore", lambda _s, tags: restored.append(tags))
+    for pid, rc in ((11, -9), (12, 1), (13, 0), (14, os.EX_SOFTWARE)):
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / f"tag-{pid}").touch()
+        held_messages.after_exit(settings, pid, rc)
+    assert restored == [["tag-11"], ["tag-14"]]  # SIGKILL, and hang_guard's os._exit
+    assert list(tmp_path.iterdir()) == []
+    assert held_messages.after_exit(settings, 15, -9) == 0  # no folder: nothing to do
+
+
 def test_restarts_stop_at_max_restarts_with_the_last_status(tmp_path):
     runs = tmp_path / "runs"
     cmd = _script(

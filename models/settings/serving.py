@@ -13,7 +13,11 @@ class ServingSettings(BaseModel):
     text_batch_max_wait_ms: float = Field(
         200.0, description="Longest a text job waits for batch-mates (a lone job waits a quarter of it)."
     )
-    video_batch_max_size: int = Field(4, description="Most same-shaped video requests in one model call.")
+    video_batch_max_size: int = Field(
+        1,
+        description="Most same-shaped video requests in one model call. 1 (no batching): the worker's "
+        "second thread encodes one job's video while the model renders the next.",
+    )
     video_batch_max_wait_ms: float = Field(200.0, description="Longest a video job waits for batch-mates.")
     image_batch_max_size: int = Field(
         4, description="Most same-shaped image jobs in one model call (each brings its `num_images`)."

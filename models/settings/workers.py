@@ -103,6 +103,12 @@ class WorkerSettings(BaseModel):
         description="Where a worker with a metrics port keeps its pool processes' metric files: "
         "`<dir>/<port>`, emptied when the worker starts.",
     )
+    worker_held_dir: Path = Field(
+        Path("var/worker-held"),
+        description="Redis: where a `genqueue worker` keeps one empty file per message it holds "
+        "(`<dir>/<pid>/<delivery tag>`), so that if it is killed outright its supervisor puts "
+        "those messages back at once instead of after the visibility timeout.",
+    )
 
     # -- database
     db_pool_size: int = Field(
