@@ -1,4 +1,10 @@
-"""End-to-end jobs/s through the Genqueue chain (echo models) vs a bare Celery two-task chain."""
+"""End-to-end jobs/s and server CPU per job through the Genqueue chain (echo models) vs a bare Celery chain.
+
+Server CPU: the worker process and its pool children, the run's own redis-server and (Genqueue)
+its own Postgres cluster, user + system from /proc, over the measured jobs only (not the warm-up).
+The bare chain has no database: what a Genqueue job adds there (its transitions, events, the
+published and completed rows) is part of its cost.
+"""
 
 from __future__ import annotations
 
@@ -10,16 +16,21 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import cast
+
+import psutil
 
 from bench.common import (
     Process,
     Result,
+    cluster_cpu_seconds,
+    cpu_seconds,
     machine,
     print_results,
+    private_postgres,
+    private_redis,
     python_env,
     spawn,
-    temp_database,
-    temp_redis_db,
     wait_until,
 )
 
@@ -35,13 +46,29 @@ class Pipeline:
 
     name: str
     worker: Process
-    submit_and_wait: Callable[[int, float], int]  # (n, timeout) -> failed count
+    prepare: Callable[[int], object]  # (n) -> a batch of n jobs ready to publish (untimed)
+    publish_and_wait: Callable[[object, float], int]  # (batch, timeout) -> failed count
+    servers: dict[str, Callable[[], float]]  # CPU seconds so far of each server beside the worker
 
-    def run(self, n: int) -> tuple[float, int]:
-        """Seconds from the first publish until all n have finished, and how many did not succeed."""
-        started = time.perf_counter()
-        failed = self.submit_and_wait(n, 120 + n * 0.5)
-        return time.perf_counter() - started, failed
+    def cpu(self) -> dict[str, float]:
+        """CPU seconds so far: the worker (its pool children too, live or reaped), each server."""
+        worker = tree_cpu_seconds(psutil.Process(self.worker.popen.pid))
+        return {"worker": worker} | {name: f() for name, f in self.servers.items()}
+
+    def run(self, n: int) -> tuple[float, dict[str, float], int]:
+        """Seconds and CPU seconds per process kind from the first publish until all n have
+        finished, and how many did not succeed."""
+        batch = self.prepare(n)
+        cpu, started = self.cpu(), time.perf_counter()
+        failed = self.publish_and_wait(batch, 120 + n * 0.5)
+        seconds, after = time.perf_counter() - started, self.cpu()
+        return seconds, {k: after[k] - cpu[k] for k in cpu}, failed
+
+
+def tree_cpu_seconds(proc: psutil.Process) -> float:
+    """User + system CPU of a process, its reaped children and its live descendants."""
+    own = proc.cpu_times()
+    return own.user + own.system + own.children_user + own.children_system + cpu_seconds(proc.children(True))
 
 
 def _worker_args(app: str, queues: str, pool: str, concurrency: int) -> list[str]:
@@ -60,7 +87,9 @@ def _watch(worker: Process, check: Callable[[], bool]) -> Callable[[], bool]:
 
 
 @contextlib.contextmanager
-def genqueue(db_url: str, redis_url: str, pool: str, concurrency: int) -> Iterator[Pipeline]:
+def genqueue(
+    db_url: str, redis_url: str, pool: str, concurrency: int, servers: dict[str, Callable[[], float]]
+) -> Iterator[Pipeline]:
     """A `tasks.worker` subprocess on all pipeline queues with the echo models."""
     from sqlalchemy import func, insert, select
 
@@ -83,12 +112,16 @@ def genqueue(db_url: str, redis_url: str, pool: str, concurrency: int) -> Iterat
             app = create_celery(Settings(database_url=db_url, broker_url=redis_url), set_as_current=False)
             engine = make_engine(db_url, pool_size=2)
 
-            def submit_and_wait(n: int, timeout: float) -> int:
+            def prepare(n: int) -> object:
                 ids = [uuid.uuid4() for _ in range(n)]
                 rows = [{"id": i, "status": "queued", "modality": "video", "prompt": f"a fox, take {k}",
                          "params": PARAMS | {"seed": k}} for k, i in enumerate(ids)]
-                with engine.begin() as conn:  # the API's part, not timed by the caller's clock
+                with engine.begin() as conn:  # the API's part, measured by bench.api, not here
                     conn.execute(insert(Job), rows)
+                return ids
+
+            def publish_and_wait(batch: object, timeout: float) -> int:
+                ids = cast("list[uuid.UUID]", batch)
                 for i in ids:
                     publish_job(app, i, "video", "normal")
                 # Runs are sequential and the database is this benchmark's own: count the whole table.
@@ -104,13 +137,15 @@ def genqueue(db_url: str, redis_url: str, pool: str, concurrency: int) -> Iterat
                 return count(Job.status.in_(("failed", "canceled")))
 
             try:
-                yield Pipeline("genqueue", worker, submit_and_wait)
+                yield Pipeline("genqueue", worker, prepare, publish_and_wait, servers)
             finally:
                 engine.dispose()
 
 
 @contextlib.contextmanager
-def bare(redis_url: str, pool: str, concurrency: int) -> Iterator[Pipeline]:
+def bare(
+    redis_url: str, pool: str, concurrency: int, servers: dict[str, Callable[[], float]]
+) -> Iterator[Pipeline]:
     """A `bench.bare_celery` worker subprocess on queues text and video."""
     import redis
 
@@ -125,34 +160,45 @@ def bare(redis_url: str, pool: str, concurrency: int) -> Iterator[Pipeline]:
         def done() -> int:
             return int(client.get(bare_celery.DONE_KEY) or 0)
 
-        def submit_and_wait(n: int, timeout: float) -> int:
+        def publish_and_wait(batch: object, timeout: float) -> int:
+            n = cast(int, batch)
             target = done() + n
             for k in range(n):
                 bare_celery.publish(app, k)
             wait_until(_watch(worker, lambda: done() >= target), timeout, "chains", interval=0.1)
             return 0
 
-        yield Pipeline("bare", worker, submit_and_wait)
+        yield Pipeline("bare", worker, lambda n: n, publish_and_wait, servers)
 
 
-def _measure(pipeline: Pipeline, args: argparse.Namespace) -> float:
+def _measure(pipeline: Pipeline, args: argparse.Namespace) -> tuple[float, float]:
+    """Jobs/s and server CPU ms per job of one measured run, after the warm-up."""
     pipeline.run(args.warmup)  # also waits out the worker's start
-    seconds, failed = pipeline.run(args.jobs)
-    rate = args.jobs / seconds
-    print(f"  {pipeline.name:<9} {args.jobs} jobs in {seconds:.2f} s: {rate:.1f} jobs/s", flush=True)
+    seconds, cpu_s, failed = pipeline.run(args.jobs)
+    rate, cpu_ms = args.jobs / seconds, 1000 * sum(cpu_s.values()) / args.jobs
+    parts = ", ".join(f"{k} {1000 * v / args.jobs:.2f}" for k, v in cpu_s.items())
+    print(f"  {pipeline.name:<9} {args.jobs} jobs in {seconds:.2f} s: {rate:.1f} jobs/s, "
+          f"server CPU {cpu_ms:.2f} ms per job ({parts})", flush=True)  # fmt: skip
     if failed:
         raise RuntimeError(f"{failed} {pipeline.name} jobs did not succeed:\n{pipeline.worker.tail()}")
-    return rate
+    return rate, cpu_ms
 
 
 def run(args: argparse.Namespace) -> list[Result]:
     print(f"pipeline: {args.jobs} jobs, {args.pool} pool x {args.concurrency}; {machine()}")
-    with temp_database() as db_url, temp_redis_db() as redis_url:
-        with bare(redis_url, args.pool, args.concurrency) as p:
-            base = _measure(p, args)
-        with genqueue(db_url, redis_url, args.pool, args.concurrency) as p:
-            gq = _measure(p, args)
-    results = [Result("pipeline", "jobs/s (text->video)", gq, base, "jobs/s", ">= 0.7x bare")]
+    # A redis-server and a Postgres cluster of this run's own: their CPU is this run's alone.
+    with private_postgres() as (db_url, postmaster), private_redis() as (redis_url, redis_proc):
+
+        redis = {"redis": lambda: cpu_seconds([redis_proc])}
+        with bare(redis_url, args.pool, args.concurrency, redis) as p:
+            base_rate, base_cpu = _measure(p, args)
+        servers = redis | {"postgres": lambda: cluster_cpu_seconds(postmaster)}
+        with genqueue(db_url, redis_url, args.pool, args.concurrency, servers) as p:
+            rate, cpu = _measure(p, args)
+    results = [
+        Result("pipeline", "jobs/s (text->video)", rate, base_rate, "jobs/s", ">= 0.7x bare"),
+        Result("pipeline", "server CPU per job", cpu, base_cpu, "ms", "<= 3x bare", higher_is_better=False),
+    ]
     print_results(results)
     return results
 

@@ -24,7 +24,7 @@ SCRIPTS = {
 # (metric, whether its ratio must be a positive number: a memory growth baseline may be 0 -> nan)
 EXPECTED = {
     "api": [("throughput", True), ("p50 latency", True), ("p99 latency", True)],
-    "pipeline": [("jobs/s (text->video)", True)],
+    "pipeline": [("jobs/s (text->video)", True), ("server CPU per job", True)],
     "memory": [("web RSS growth/1k req", False), ("worker RSS growth/1k jobs", False)],
     "sse": [("submit p99", True), ("streams open", True)],
     "batch_submit": [("jobs accepted per s", True), ("server CPU per job", True)],
