@@ -19,7 +19,7 @@ class Outcome(enum.Enum):
     OVERTAKEN = "overtaken"  # the final transition found the job no longer running
 
 
-def settle(rt: Runtime, job_id: uuid.UUID, outcome: Outcome) -> None:
+def settle(rt: Runtime, job_id: uuid.UUID, outcome: Outcome, variants_possible: bool = True) -> None:
     """Tidy the job's files after a stage attempt that got past its failure handling.
 
     A succeeded job keeps its artifacts and loses only the temp leftovers of an attempt killed
@@ -32,7 +32,9 @@ def settle(rt: Runtime, job_id: uuid.UUID, outcome: Outcome) -> None:
         artifacts.sweep_temp(rt.storage, job_id)
         # After the success commit: the job (and its cached followers) asked for variants, a CPU
         # worker makes them; a redelivery asks again for those still pending (the task is idempotent).
-        if rt.app is not None:
+        # `variants_possible` False: the job asked for none and has no cache key, so no follower
+        # of it can have asked either (a query per job saved).
+        if rt.app is not None and variants_possible:
             with rt.sessions() as s:
                 waiting = variants.waiting_jobs(s, job_id)
             for jid in waiting:

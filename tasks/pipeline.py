@@ -233,7 +233,9 @@ def _render_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID, stage: S
         done = states.complete_render(s, jid, stage, relpath, size, seconds, count, charge)
     if done:
         metrics.metrics().stage_duration.labels(stage).observe(seconds)
-    outcome.settle(rt, jid, Outcome.COMPLETED if done else Outcome.OVERTAKEN)
+    # Variants are asked for at submit, followers attach only by the cache key: both are known now.
+    possible = job.variants is not None or job.cache_key is not None
+    outcome.settle(rt, jid, Outcome.COMPLETED if done else Outcome.OVERTAKEN, variants_possible=possible)
 
 
 def video_request(job: Job, s_: Settings) -> VideoRequest:

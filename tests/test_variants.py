@@ -94,10 +94,15 @@ def test_a_video_job_gets_each_variant_it_asked_for(make_app, settings, sessions
     assert client.get(f"/v1/jobs/{body['id']}/content?variant=webm").status_code == 410
 
 
-def test_a_job_without_variants_has_no_variants_key(client, settings) -> None:
+def test_a_job_without_variants_has_no_variants_key(client, settings, monkeypatch) -> None:
+    asked: list[uuid.UUID] = []  # the success's look-up of jobs waiting for variants
+    waiting_jobs = variants.waiting_jobs
+    monkeypatch.setattr(variants, "waiting_jobs", lambda s, jid: asked.append(jid) or waiting_jobs(s, jid))
     with thread_workers(settings):
         done = wait_finished(client, _video_job(client)["id"])
+        seeded = wait_finished(client, _video_job(client, seed=7)["id"])  # a cache key: followers may ask
     assert done["status"] == "succeeded" and "variants" not in done
+    assert asked == [uuid.UUID(seeded["id"])]  # none asked, no key: no look-up
     assert "variants" not in done["params"]
     body = assert_problem(client.get(f"/v1/jobs/{done['id']}/content?variant=preview"), 404)
     assert "no preview" in body["detail"]
