@@ -19,6 +19,9 @@ ALLOWED_IN_APP = {
     "tasks.celery_app",
     # `genqueue demo` / `serve --embedded` run a worker in the CLI process by design (lazy import).
     "tasks.embedded",
+    # `genqueue worker` supervises the Celery worker process: when that process is killed, the
+    # supervisor puts back the Redis messages the worker recorded holding (lazy import).
+    "tasks.held_messages",
 }
 
 
