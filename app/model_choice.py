@@ -52,6 +52,11 @@ def choose(
     return chosen
 
 
-def resolved(settings: Settings, chosen: Mapping[str, str | None]) -> dict[str, str]:
-    """stage -> the model id it runs, the configured default where none was named."""
-    return {stage: model_id or catalog.default(settings, stage).id for stage, model_id in chosen.items()}
+def default_ids(settings: Settings) -> dict[str, str]:
+    """stage -> the id of the model it runs when a job names none, in one pass over the catalog."""
+    return {m.stage: m.id for m in catalog.configured(settings) if m.default}
+
+
+def resolved(defaults: Mapping[str, str], chosen: Mapping[str, str | None]) -> dict[str, str]:
+    """stage -> the model id it runs, the default (`default_ids`) where none was named."""
+    return {stage: model_id or defaults[stage] for stage, model_id in chosen.items()}
