@@ -33,9 +33,10 @@ PR_SET_PDEATHSIG = 1
 LINGER_S = 10.0
 
 Spawn = Callable[[], "subprocess.Popen[bytes]"]
-# Called with the child's pid and its raw return code (-N: killed by signal N) after each run,
-# before any restart: where the next run needs the last one's leftovers put right first.
-OnExit = Callable[[int, int], object]
+# Called with the child's pid, its raw return code (-N: killed by signal N) and its start (Unix
+# time) after each run, before any restart: where the next run needs the last one's leftovers
+# put right first.
+OnExit = Callable[[int, int, float], object]
 
 
 def celery_worker_command(args: Sequence[str], *, quiet: bool = False) -> list[str]:
@@ -152,11 +153,11 @@ class Supervisor:
             time.sleep(0.1)
         return status
 
-    def _after(self, child: subprocess.Popen[bytes]) -> None:
+    def _after(self, child: subprocess.Popen[bytes], started_at: float) -> None:
         if self.on_exit is None:
             return
         try:
-            self.on_exit(child.pid, child.returncode)
+            self.on_exit(child.pid, child.returncode, started_at)
         except Exception:  # a failed clean-up must not stop supervision
             log.exception("%s: clean-up after pid %d failed", self.name, child.pid)
 
@@ -167,12 +168,12 @@ class Supervisor:
             with self._lock:
                 if self.stopping():  # stopped during the backoff wait's last instant
                     return 0
-                started = time.monotonic()
+                started, started_at = time.monotonic(), time.time()
                 self.child = child = self._spawn()
             if self.stopping():  # a stop signal came while it was being started
                 self.signal(signal.SIGTERM)
             status = self._wait(child)
-            self._after(child)
+            self._after(child, started_at)
             if self.stopping() or status == 0:
                 return status
             if self.max_restarts is not None and restarts >= self.max_restarts:

@@ -83,6 +83,8 @@ def settings(pg_url: str, redis_url: str, artifact_root: Path) -> Settings:
         database_url=pg_url,
         broker_url=redis_url,
         artifact_dir=artifact_root,
+        # Worker subprocesses record held messages here, not in the checkout's var/.
+        worker_held_dir=artifact_root.parent / "worker-held",
         text_model="echo",
         video_model="echo",
         image_model="echo",

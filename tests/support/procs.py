@@ -55,7 +55,7 @@ def worker_env(settings: Settings, **extra: Any) -> dict[str, str]:
         "artifact_dir", "text_model", "video_model", "retry_backoff_s", "retry_backoff_max_s",
         "progress_interval_s", "broker_visibility_timeout_s", "broker_restore_interval_s",
         "max_retries", "max_stage_attempts", "infra_backoff_s", "infra_backoff_max_s",
-        "video_soft_time_limit_s", "video_time_limit_s",
+        "video_soft_time_limit_s", "video_time_limit_s", "worker_held_dir",
     ):  # fmt: skip
         env[f"GENQUEUE_{field.upper()}"] = str(getattr(settings, field))
     env |= {k: str(v) for k, v in extra.items()}
