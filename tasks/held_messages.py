@@ -41,16 +41,26 @@ def folder_for(settings: Settings, pid: int) -> Path:
     return Path(settings.worker_held_dir) / str(pid)
 
 
-def _touch(tag: str) -> None:
-    if _folder is not None:
-        with contextlib.suppress(OSError):  # a full or read-only disk costs only the fast restore
-            (_folder / tag).touch()
+def _path(tag: str | bytes) -> Path | None:
+    """The record of `tag` (kombu passes tags read back from Redis as bytes), if recording."""
+    if _folder is None:
+        return None
+    name = tag.decode() if isinstance(tag, bytes) else str(tag)
+    return _folder / name if name and "/" not in name else None
 
 
-def _forget(tag: str) -> None:
-    if _folder is not None:
-        with contextlib.suppress(OSError):
-            (_folder / tag).unlink(missing_ok=True)
+def _touch(tag: str | bytes) -> None:
+    # Inside kombu's consume and ack paths: a failure here must never reach them (a full or
+    # read-only disk only costs the fast restore).
+    with contextlib.suppress(Exception):
+        if (path := _path(tag)) is not None:
+            path.touch()
+
+
+def _forget(tag: str | bytes) -> None:
+    with contextlib.suppress(Exception):
+        if (path := _path(tag)) is not None:
+            path.unlink(missing_ok=True)
 
 
 def record(settings: Settings) -> bool:
