@@ -312,6 +312,20 @@ def test_workers_run_the_procfiles_commands(base: list[Obj]) -> None:
     assert migrate["args"] == _procfile()["release"][1]
 
 
+def test_workers_write_their_run_time_files_to_a_mounted_volume(base: list[Obj]) -> None:
+    """A read-only root filesystem: the directories a worker writes while it runs (its pool
+    processes' metric files, the messages it holds) must be set to a path on a writable mount, or
+    the feature is silently off (tasks/held_messages.py only warns)."""
+    for name, deployment in _workers(base).items():
+        container = deployment["spec"]["template"]["spec"]["containers"][0]
+        assert container["securityContext"]["readOnlyRootFilesystem"], name
+        mounts = [m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")]
+        for var in ("GENQUEUE_WORKER_METRICS_DIR", "GENQUEUE_WORKER_HELD_DIR"):
+            path = _env(container).get(var)
+            assert isinstance(path, str), (name, var)
+            assert any(path == m or path.startswith(m.rstrip("/") + "/") for m in mounts), (name, var, path)
+
+
 def test_redis_triggers_count_every_priority_list(base: list[Obj]) -> None:
     """kombu keeps each priority of a Redis queue in its own list; the triggers read them all, and
     the formula adds them up (a message in any list counts once)."""
