@@ -100,16 +100,16 @@ def _patch() -> None:
 
     @functools.wraps(reject)
     def _reject(self: Any, delivery_tag: str, requeue: bool = False) -> None:
-        # Before: a requeued message may come straight back to this process, which records it anew.
-        _forget(delivery_tag)
+        _forget(delivery_tag)  # before: a requeued message may come straight back to this process
         reject(self, delivery_tag, requeue=requeue)
 
     @functools.wraps(restore_by_tag)
     def _restore_by_tag(self: Any, tag: str, client: Any = None, leftmost: bool = False) -> None:
-        # kombu put it back itself (a channel closing at shutdown or on a lost connection, the
-        # visibility sweep): no longer held here.
-        restore_by_tag(self, tag, client=client, leftmost=leftmost)
+        # kombu puts it back itself (a requeue, a channel closing at shutdown or on a lost
+        # connection, the visibility sweep): no longer held here. Forgotten first, as in _reject:
+        # once back in its queue this process may take it again and record it anew.
         _forget(tag)
+        restore_by_tag(self, tag, client=client, leftmost=leftmost)
 
     for fn in (_append, _ack, _reject, _restore_by_tag):
         setattr(fn, _PATCHED, True)
@@ -156,14 +156,20 @@ def _records(folder: Path, since: float) -> dict[str, float]:
 
 
 def _restore(settings: Settings, held: dict[str, float]) -> int:
-    """Put each held message back at the head of its queue (next to be taken, as kombu's own
-    restores do); how many were still there to put back.
+    """Put the held messages back; how many were still there to put back.
 
-    A tag stays with its message across deliveries, so one this worker held, that kombu already
-    put back (a lost connection) and another worker took since, is in `unacked` again under the
-    same tag: its entry's time (the `unacked_index` score, written just before our record) is
-    then later than the record, and it is left alone. The check and the move are one
-    transaction (WATCH), like kombu's restore_by_tag.
+    Where: the oldest delivery goes to the back of its queue, the others first in line. A
+    worker's model runs its requests in the order they came (the batcher is first in, first
+    out), so the oldest held message is the one most likely in the model's call when the
+    process died: if it is what kills the process (a poison job), the job the other thread held
+    runs before it next time instead of dying with it again and again, and a job put back
+    behind the queue is what the prefork pool's lost-worker requeue did. The order comes from
+    kombu's `unacked_index` (the delivery time, to the microsecond).
+
+    Only this worker's deliveries: a tag stays with its message across deliveries, so one this
+    worker held, that kombu already put back (a lost connection) and another worker took since,
+    is in `unacked` again under the same tag, with an index time later than the record: it is
+    left alone. Each check and move is one transaction (WATCH), like kombu's restore_by_tag.
     """
     from kombu.utils.encoding import bytes_to_str
     from kombu.utils.json import loads
@@ -176,16 +182,26 @@ def _restore(settings: Settings, held: dict[str, float]) -> int:
         channel: Any = conn.default_channel  # kombu's Redis Channel: its internals are not in the stubs
         unacked, index = channel.unacked_key, channel.unacked_index_key
         with channel.conn_or_acquire() as client:
-            for tag, recorded in held.items():
+            reads = client.pipeline(transaction=False)  # ZSCOREs, not ZMSCORE: Redis before 6.2 too
+            for tag in held:
+                reads.zscore(index, tag)
+            scores = dict(zip(held, reads.execute(), strict=True))
+            ours = sorted((since, tag) for tag, since in scores.items() if since is not None)
+            # Pushed in this order: the oldest to the back, then the rest newest first, so that
+            # the oldest of them is the first taken (kombu's consumers take from the head).
+            order = [(tag, True) for _, tag in ours[:1]] + [(tag, False) for _, tag in reversed(ours[1:])]
+            for tag, to_back in order:
 
-                def move(pipe: Any, tag: str = tag, recorded: float = recorded) -> bool:
+                def move(
+                    pipe: Any, tag: str = tag, recorded: float = held[tag], to_back: bool = to_back
+                ) -> bool:
                     payload, since = pipe.hget(unacked, tag), pipe.zscore(index, tag)
                     pipe.multi()
                     if payload is None or since is None or since > recorded + CLOCK_SLACK_S:
                         return False  # acked, restored, or another delivery's now
                     pipe.zrem(index, tag).hdel(unacked, tag)
                     message, exchange, routing_key = loads(bytes_to_str(payload))
-                    channel._do_restore_message(message, exchange, routing_key, pipe, False)
+                    channel._do_restore_message(message, exchange, routing_key, pipe, to_back)
                     return True
 
                 restored += bool(client.transaction(move, unacked, index, value_from_callable=True))

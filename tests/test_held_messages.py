@@ -73,18 +73,20 @@ def test_a_message_is_recorded_from_its_delivery_until_it_is_acked_or_rejected(h
     assert list(folder.iterdir()) == []
 
 
-def test_a_killed_workers_messages_go_back_first_in_line_and_only_once(held) -> None:
+def test_a_killed_workers_messages_go_back_once_the_oldest_behind_the_queue(held) -> None:
+    """The oldest held message was the model's (first in, first out): the likeliest to have
+    killed the worker, it goes to the back; the others are first in line, oldest first."""
     s, folder, channel = held
-    for n in range(3):
+    for n in range(4):
         _publish(channel, n)
-    taken = [_take(channel), _take(channel)]  # n=0 and n=1 held; n=2 waits in the queue
-    assert len(list(folder.iterdir())) == 2
-    assert _killed(s, channel) == 2
+    for _ in range(3):
+        _take(channel)  # n=0 (oldest), 1 and 2 held; n=3 waits in the queue
+    assert len(list(folder.iterdir())) == 3
+    assert _killed(s, channel) == 3
     assert not folder.exists()
     assert channel.client.hlen(channel.unacked_key) == 0
-    order = [channel.basic_get(QUEUE, no_ack=True).payload["n"] for _ in range(3)]
-    assert sorted(order[:2]) == [0, 1] and order[2] == 2  # ahead of the one that was waiting
-    assert {t.delivery_tag for t in taken}  # (the tags were real deliveries)
+    order = [channel.basic_get(QUEUE, no_ack=True).payload["n"] for _ in range(4)]
+    assert order == [1, 2, 3, 0]
     assert channel.basic_get(QUEUE, no_ack=True) is None  # nothing put back twice
 
 
