@@ -54,7 +54,7 @@ def _worker(p: pipeline.Pipeline, args: argparse.Namespace) -> float:
     p.run(args.warmup_jobs)
     procs = _python_procs(p.worker)
     before = rss_mb(procs)
-    _seconds, failed = p.run(args.jobs)
+    _seconds, _cpu, failed = p.run(args.jobs)
     after = rss_mb(procs)
     if failed:
         raise RuntimeError(f"{p.name}: {failed} jobs did not succeed")

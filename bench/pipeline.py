@@ -88,7 +88,11 @@ def _watch(worker: Process, check: Callable[[], bool]) -> Callable[[], bool]:
 
 @contextlib.contextmanager
 def genqueue(
-    db_url: str, redis_url: str, pool: str, concurrency: int, servers: dict[str, Callable[[], float]]
+    db_url: str,
+    redis_url: str,
+    pool: str,
+    concurrency: int,
+    servers: dict[str, Callable[[], float]] | None = None,
 ) -> Iterator[Pipeline]:
     """A `tasks.worker` subprocess on all pipeline queues with the echo models."""
     from sqlalchemy import func, insert, select
@@ -137,14 +141,14 @@ def genqueue(
                 return count(Job.status.in_(("failed", "canceled")))
 
             try:
-                yield Pipeline("genqueue", worker, prepare, publish_and_wait, servers)
+                yield Pipeline("genqueue", worker, prepare, publish_and_wait, servers or {})
             finally:
                 engine.dispose()
 
 
 @contextlib.contextmanager
 def bare(
-    redis_url: str, pool: str, concurrency: int, servers: dict[str, Callable[[], float]]
+    redis_url: str, pool: str, concurrency: int, servers: dict[str, Callable[[], float]] | None = None
 ) -> Iterator[Pipeline]:
     """A `bench.bare_celery` worker subprocess on queues text and video."""
     import redis
@@ -168,7 +172,7 @@ def bare(
             wait_until(_watch(worker, lambda: done() >= target), timeout, "chains", interval=0.1)
             return 0
 
-        yield Pipeline("bare", worker, lambda n: n, publish_and_wait, servers)
+        yield Pipeline("bare", worker, lambda n: n, publish_and_wait, servers or {})
 
 
 def _measure(pipeline: Pipeline, args: argparse.Namespace) -> tuple[float, float]:
