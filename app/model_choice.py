@@ -52,11 +52,6 @@ def choose(
     return chosen
 
 
-def default_ids(settings: Settings) -> dict[str, str]:
-    """stage -> the id of the model it runs when a job names none, in one pass over the catalog."""
-    return {m.stage: m.id for m in catalog.configured(settings) if m.default}
-
-
 def resolved(defaults: Mapping[str, str], chosen: Mapping[str, str | None]) -> dict[str, str]:
-    """stage -> the model id it runs, the default (`default_ids`) where none was named."""
+    """stage -> the model id it runs, the default's id (`defaults`: stage -> id) where none was named."""
     return {stage: model_id or defaults[stage] for stage, model_id in chosen.items()}

@@ -28,13 +28,13 @@ from app.errors import ServiceUnavailable, ValidationFailed
 from app.idempotency import Idempotency
 from app.job_access import published_marks, queue_counts
 from app.model_choice import choose as choose_models
-from app.model_choice import default_ids
 from app.model_choice import resolved as resolved_models
 from app.models_api import model_swaps
 from app.prompt_check import PromptCheck
 from app.schemas import AnyJobCreate, complete_params, field_errors, parse_job
 from app.services import extension, services
 from models import Job, JobStatus, cache, states, variants
+from models import catalog as model_catalog
 from models.db import autocommit, transaction
 from models.job import TERMINAL
 from models.keys import Principal
@@ -78,7 +78,7 @@ def default_models() -> dict[str, str]:
     """stage -> the catalog's default model id, worked out once per request, not per job and stage
     (looking each one up was about 7% of a 500-job batch's web samples)."""
     if DEFAULTS not in g:
-        setattr(g, DEFAULTS, default_ids(catalog()))
+        setattr(g, DEFAULTS, {stage: m.id for stage, m in model_catalog.defaults(catalog()).items()})
     return cast("dict[str, str]", getattr(g, DEFAULTS))
 
 

@@ -170,12 +170,18 @@ def private_postgres() -> Iterator[tuple[str, psutil.Process]]:
         server.remove()
 
 
+def tree_cpu_seconds(proc: psutil.Process) -> float:
+    """User + system CPU so far of a process, its live descendants, and its exited children
+    (reaped children's time accrues to their parent)."""
+    own = proc.cpu_times()
+    total = own.user + own.system + own.children_user + own.children_system
+    return total + cpu_seconds(proc.children(recursive=True))
+
+
 def cluster_cpu_seconds(postmaster: psutil.Process) -> float:
     """CPU of a Postgres cluster so far: the postmaster, its live backends, and the exited ones
-    (reaped children's time accrues to the postmaster: short-lived overflow connections count)."""
-    own = postmaster.cpu_times()
-    total = own.user + own.system + own.children_user + own.children_system
-    return total + cpu_seconds(postmaster.children())
+    (short-lived overflow connections count)."""
+    return tree_cpu_seconds(postmaster)
 
 
 def pg_backends(db_url: str) -> list[psutil.Process]:

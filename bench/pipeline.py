@@ -31,6 +31,7 @@ from bench.common import (
     private_redis,
     python_env,
     spawn,
+    tree_cpu_seconds,
     wait_until,
 )
 
@@ -63,12 +64,6 @@ class Pipeline:
         failed = self.publish_and_wait(batch, 120 + n * 0.5)
         seconds, after = time.perf_counter() - started, self.cpu()
         return seconds, {k: after[k] - cpu[k] for k in cpu}, failed
-
-
-def tree_cpu_seconds(proc: psutil.Process) -> float:
-    """User + system CPU of a process, its reaped children and its live descendants."""
-    own = proc.cpu_times()
-    return own.user + own.system + own.children_user + own.children_system + cpu_seconds(proc.children(True))
 
 
 def _worker_args(app: str, queues: str, pool: str, concurrency: int) -> list[str]:

@@ -143,9 +143,14 @@ def find(settings: Settings, stage: str, model_id: str) -> CatalogModel | None:
     return next((m for m in configured(settings) if m.stage == stage and m.id == model_id), None)
 
 
+def defaults(settings: Settings) -> dict[str, CatalogModel]:
+    """stage -> the model a job of that stage runs when it names none (every stage has one)."""
+    return {m.stage: m for m in configured(settings) if m.default}
+
+
 def default(settings: Settings, stage: str) -> CatalogModel:
     """The model a job of `stage` runs when it names none."""
-    return next(m for m in configured(settings) if m.stage == stage and m.default)
+    return defaults(settings)[stage]
 
 
 def spec_of(settings: Settings, stage: str, model_id: str | None) -> str:

@@ -42,6 +42,12 @@ def pending(job: Job) -> list[str]:
     return pending_in(job.variants)
 
 
+def may_have_waiting(job: Job) -> bool:
+    """Whether waiting_jobs can find anything for this job: variants are asked for at submit
+    only, and followers attach to a job by its cache key only (models.cache)."""
+    return job.variants is not None or job.cache_key is not None
+
+
 def waiting_jobs(session: Session, job_id: uuid.UUID) -> list[uuid.UUID]:
     """The job and its cached followers (models.cache) that succeeded with variants to make."""
     stmt = select(Job.id, Job.variants).where(

@@ -32,8 +32,7 @@ def settle(rt: Runtime, job_id: uuid.UUID, outcome: Outcome, variants_possible: 
         artifacts.sweep_temp(rt.storage, job_id)
         # After the success commit: the job (and its cached followers) asked for variants, a CPU
         # worker makes them; a redelivery asks again for those still pending (the task is idempotent).
-        # `variants_possible` False: the job asked for none and has no cache key, so no follower
-        # of it can have asked either (a query per job saved).
+        # `variants_possible` False (variants.may_have_waiting): a query per job saved.
         if rt.app is not None and variants_possible:
             with rt.sessions() as s:
                 waiting = variants.waiting_jobs(s, job_id)

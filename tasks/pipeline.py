@@ -17,7 +17,7 @@ from typing import Any
 
 from celery import Task, shared_task
 
-from models import Job, Modality, Stage, logs, shot_states, states
+from models import Job, Modality, Stage, logs, shot_states, states, variants
 from models.db import transaction
 from models.job_shots import MIN_SHOTS
 from models.recovery import deadline_in, entry_deadline
@@ -233,8 +233,7 @@ def _render_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID, stage: S
         done = states.complete_render(s, jid, stage, relpath, size, seconds, count, charge)
     if done:
         metrics.metrics().stage_duration.labels(stage).observe(seconds)
-    # Variants are asked for at submit, followers attach only by the cache key: both are known now.
-    possible = job.variants is not None or job.cache_key is not None
+    possible = variants.may_have_waiting(job)  # known from the row the stage entered with
     outcome.settle(rt, jid, Outcome.COMPLETED if done else Outcome.OVERTAKEN, variants_possible=possible)
 
 
