@@ -190,13 +190,11 @@ def _from_http(exc: HTTPException) -> ApiError:
         409: Conflict,
         413: PayloadTooLarge,
         415: UnsupportedMediaType,
-        429: TooManyRequests,  # flask-limiter's RateLimitExceeded; app.limits adds Retry-After
+        429: TooManyRequests,  # app.limits raises its own; this maps any other 429
     }
     cls = mapped.get(code)
     # Keep headers such as Allow (405) or WWW-Authenticate; the body is ours.
     headers = {k: v for k, v in exc.get_headers() if k.lower() != "content-type"}
-    if code == 429:  # the limit that was hit, e.g. "100 per 1 second"
-        return TooManyRequests(f"Rate limit exceeded: {exc.description}.", headers=headers)
     if cls is not None:
         return cls(exc.description, headers=headers)
     err = ApiError(exc.description, headers=headers)

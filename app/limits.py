@@ -1,90 +1,139 @@
-"""Per-key request rate limits (flask-limiter, counters in Redis shared by every web process).
+"""Per-key request rate limits (the `limits` library, counters in Redis shared by every web process).
 
 Each API key gets its plan's `rate_limit`, e.g. "100/second;3000/minute": a burst over one
 second and a sustained rate over a minute, as a sliding window counter (the current and
 the previous window's counts, weighted: no double burst at window edges, O(1) in Redis).
+A request is counted against all of its key's limits or, if one is breached, against none.
 Every limited response carries RateLimit-Limit / -Remaining / -Reset (seconds, as the IETF
-draft has it) and RateLimit-Policy; a 429 also carries Retry-After. In Redis each limit's hit
-returns the window it leaves (app.limit_storage), so the headers cost no second round trip.
-If Redis is unreachable the limiter lets requests through (and logs): a limiter outage
+draft has it) and RateLimit-Policy; a 429 also carries Retry-After. On Redis, all of a plan's
+limits take one script call that also returns the windows the headers read (app.limit_storage).
+If the storage is unreachable the request is let through (and logged): a limiter outage
 must not become an API outage.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
+from dataclasses import dataclass
 
-from flask import Flask, Response, g, request
-from flask_limiter import Limiter, RequestLimit
+from flask import Flask, Response, g
+from limits import RateLimitItem, parse_many
+from limits.storage import storage_from_string
+from limits.strategies import STRATEGIES, RateLimiter
 
 from app import limit_storage
+from app.errors import TooManyRequests
 from models.plans import Plan
 from models.settings import Settings
 
 log = logging.getLogger("genqueue.api")
+KEY_PREFIX = "genqueue"
 EXTENSION = "genqueue.limiter"
+WARN_EVERY_S = 60.0  # with the storage down, one warning a minute per process, not one per request
 
 
-def _key() -> str:
-    principal = g.get("principal")  # absent only on exempt requests, which are never counted
-    return f"key:{principal.key_prefix}" if principal else f"addr:{request.remote_addr}"
+@functools.lru_cache(maxsize=256)
+def _parsed(rate_limit: str) -> tuple[RateLimitItem, ...]:
+    return tuple(parse_many(rate_limit))
 
 
-def init_app(app: Flask, settings: Settings) -> Limiter:
+@dataclass(frozen=True)
+class Verdict:
+    """One request's standing against each of its limits, as the headers report it."""
+
+    items: tuple[RateLimitItem, ...]
+    remaining: tuple[int, ...]
+    reset_at: tuple[float, ...]  # epoch seconds
+    breached: RateLimitItem | None
+
+
+class KeyLimiter:
+    """Checks and counts a request against its key's limits through a limits strategy."""
+
+    def __init__(self, settings: Settings) -> None:
+        uri = settings.ratelimit_storage_uri
+        self.one_call = uri.startswith(("redis://", "rediss://")) and (
+            settings.ratelimit_strategy == "sliding-window-counter"
+        )
+        if self.one_call:
+            uri = limit_storage.SCHEME + uri  # all limits in one script call, windows kept
+        options: dict[str, float | str | bool] = {}
+        if uri.startswith(("redis", limit_storage.SCHEME)):
+            options = {"socket_timeout": 1, "socket_connect_timeout": 1}
+        self.storage = storage_from_string(uri, **options)
+        self.strategy: RateLimiter = STRATEGIES[settings.ratelimit_strategy](self.storage)
+        self.warned_at = -math.inf
+
+    def hit(self, rate_limit: str, key: str) -> Verdict:
+        items, ids = _parsed(rate_limit), (KEY_PREFIX, key)
+        if self.one_call:
+            assert isinstance(self.storage, limit_storage.PlanWindowsRedisStorage)
+            acquired = self.storage.acquire_all(items, ids)
+        else:  # one call per limit, up to the first breached (memory:// in embedded mode, other strategies)
+            acquired = all(self.strategy.hit(item, *ids) for item in items)
+        stats = [self.strategy.get_window_stats(item, *ids) for item in items]
+        breached = None
+        if not acquired:
+            # The limit with no room left (with several, the shortest window: its reset is nearest).
+            breached = next((i for i, s in zip(items, stats, strict=True) if s.remaining < 1), items[0])
+        return Verdict(
+            items=items,
+            remaining=tuple(s.remaining for s in stats),
+            reset_at=tuple(s.reset_time for s in stats),
+            breached=breached,
+        )
+
+
+def init_app(app: Flask, settings: Settings) -> KeyLimiter:
     """Attach the limiter; app.auth must be registered first (its hook sets the principal)."""
+    limiter = app.extensions[EXTENSION] = KeyLimiter(settings)
+    default_rate = Plan.effective(settings, None).rate_limit
 
-    def rate_for_request() -> str:
-        # flask-limiter resolves the limit before it asks whether the request is exempt.
+    @app.before_request
+    def _limit() -> None:
         principal = g.get("principal")
-        return Plan.effective(settings, principal.plan_overrides if principal else None).rate_limit
-
-    uri = settings.ratelimit_storage_uri
-    if uri.startswith(("redis://", "rediss://")) and settings.ratelimit_strategy == "sliding-window-counter":
-        uri = limit_storage.SCHEME + uri  # each hit returns its window: the headers need no read
-    redis_options: dict[str, str | int] = {"socket_timeout": 1, "socket_connect_timeout": 1}
-    options = redis_options if uri.startswith(("redis", limit_storage.SCHEME)) else {}
-    limiter = Limiter(
-        _key,
-        app=app,
-        # Application limits: one budget per key across every route, not one per route.
-        application_limits=[rate_for_request],
-        application_limits_exempt_when=lambda: g.get("principal") is None,  # public or rejected
-        storage_uri=uri,
-        storage_options=options,
-        strategy=settings.ratelimit_strategy,
-        key_prefix="genqueue",
-        headers_enabled=False,  # written below in the draft-standard form
-        swallow_errors=True,
-    )
-    app.extensions[EXTENSION] = limiter
+        if principal is None:  # a public route, or a request auth already refused
+            return
+        rate = (
+            Plan.effective(settings, principal.plan_overrides).rate_limit
+            if principal.plan_overrides
+            else default_rate
+        )
+        try:
+            verdict = limiter.hit(rate, f"key:{principal.key_prefix}")
+        except Exception as exc:  # storage down: let the request through, without headers
+            if time.monotonic() - limiter.warned_at >= WARN_EVERY_S:
+                limiter.warned_at = time.monotonic()
+                log.warning("rate limits not checked (%s): requests let through", type(exc).__name__)
+            return
+        g.rate_verdict = verdict
+        if verdict.breached is not None:
+            raise TooManyRequests(f"Rate limit exceeded: {verdict.breached}.")
 
     @app.after_request
     def _rate_limit_headers(response: Response) -> Response:
-        if g.get("principal") is None:
-            return response
-        try:
-            _set_headers(response, limiter.current_limits)
-        except Exception as exc:  # storage down: the request was let through; say nothing
-            log.warning("rate-limit headers skipped: %s", type(exc).__name__)
+        verdict: Verdict | None = g.get("rate_verdict")
+        if verdict is not None:
+            _set_headers(response, verdict)
         return response
 
     return limiter
 
 
-def _set_headers(response: Response, limits: list[RequestLimit]) -> None:
-    if not limits:
-        return
+def _set_headers(response: Response, verdict: Verdict) -> None:
     now = time.time()
-    # The binding limit: a breached one, else the one with the fewest requests left.
-    tightest = min(limits, key=lambda lim: (not lim.breached, lim.remaining))
-    reset = max(0, math.ceil(tightest.window.reset_time - now))
-    response.headers["RateLimit-Limit"] = str(tightest.limit.amount)
-    response.headers["RateLimit-Remaining"] = str(max(0, tightest.remaining))
+    limits = list(zip(verdict.items, verdict.remaining, verdict.reset_at, strict=True))
+    # The binding limit: the breached one, else the one with the fewest requests left.
+    tightest = min(limits, key=lambda lim: (lim[0] is not verdict.breached, lim[1]))
+    reset = max(0, math.ceil(tightest[2] - now))
+    response.headers["RateLimit-Limit"] = str(tightest[0].amount)
+    response.headers["RateLimit-Remaining"] = str(max(0, tightest[1]))
     response.headers["RateLimit-Reset"] = str(reset)
     response.headers["RateLimit-Policy"] = ", ".join(
-        f"{lim.limit.amount};w={lim.limit.get_expiry()}" for lim in limits
+        f"{item.amount};w={item.get_expiry()}" for item in verdict.items
     )
     if response.status_code == 429:
         response.headers["Retry-After"] = str(max(1, reset))

@@ -85,7 +85,7 @@ class RedisStore:
 
 
 class MemoryStore:
-    """One process only (the embedded mode, with flask-limiter's memory storage)."""
+    """One process only (the embedded mode, with the limiter's memory storage)."""
 
     def __init__(self) -> None:
         self.sets: dict[str, dict[str, float]] = {}

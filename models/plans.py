@@ -34,7 +34,7 @@ class Violation:
 
 @dataclass(frozen=True)
 class Plan:
-    rate_limit: str  # per API key, in flask-limiter notation: "100/second;3000/minute"
+    rate_limit: str  # per API key, in the limits library's notation: "100/second;3000/minute"
     max_active_jobs: int  # queued + running jobs per tenant
     max_width: int
     max_height: int

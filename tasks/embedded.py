@@ -34,7 +34,7 @@ def embedded_settings(data_dir: Path, **overrides: object) -> Settings:
         "broker_url": "memory://localhost/",
         "artifact_dir": data_dir / "artifacts",
         "worker_preload": "text,video",
-        "ratelimit_url": "memory://",  # one process: flask-limiter's memory storage, no Redis
+        "ratelimit_url": "memory://",  # one process: the limits library's memory storage, no Redis
     }
     values.update({k: v for k, v in overrides.items() if v is not None})
     settings = Settings(**values)
