@@ -50,6 +50,7 @@ from app.metrics import hold_started
 from app.prompt_check import PromptCheck
 from app.schemas import ListQuery, field_errors
 from app.services import extension, services
+from app.submit_groups import submit_groups
 from app.waiting import Waiters, prefer_wait
 from models import Job, JobStatus, logs
 from models.base import utcnow
@@ -95,19 +96,26 @@ def submit() -> Answer:
     logs.bind(job_id=job.id)
     gate = admission()
     gate.admit(who, [job], models=[sub.running])  # 403 (the plan limits the defaults too)/503/429
-    try:
-        submission.record([sub], idem)
-    except IntegrityError:
-        gate.release(who, [job.id])
-        # A concurrent request with the same key committed first: answer with its job.
-        prior = idem.prior(svc.sessions) if idem is not None else None
-        if prior is None:
+    if idem is None and sub.cache_key is None and svc.settings.submit_group_max > 1:
+        try:  # committed, then published, with the submits in flight beside it (app.submit_groups)
+            submit_groups().submit(sub)
+        except Exception:
+            gate.release(who, [job.id])
             raise
-        return _accepted(prior, replayed=True)
-    except Exception:
-        gate.release(who, [job.id])
-        raise
-    submission.publish(who, gate, [job])
+    else:
+        try:
+            submission.record([sub], idem)
+        except IntegrityError:
+            gate.release(who, [job.id])
+            # A concurrent request with the same key committed first: answer with its job.
+            prior = idem.prior(svc.sessions) if idem is not None else None
+            if prior is None:
+                raise
+            return _accepted(prior, replayed=True)
+        except Exception:
+            gate.release(who, [job.id])
+            raise
+        submission.publish(who, gate, [job])
     log.info("job accepted: %s, %s%s", job.modality, job.priority, ", from the cache" if job.cached else "")
     wait = prefer_wait(request.headers.get("Prefer"), svc.settings.max_wait_s)
     if wait and job.status not in TERMINAL:

@@ -203,6 +203,21 @@ def publish(who: Principal, gate: Admission, jobs: Sequence[Job]) -> None:
     computing = [job for job in jobs if not job.cached]
     if not computing:
         return
+    try:
+        send(computing, withdraw=jobs)
+    except Exception:
+        gate.release(who, [job.id for job in jobs])
+        raise
+
+
+def send(computing: Sequence[Job], withdraw: Sequence[Job] | None = None) -> None:
+    """Publish the committed `computing` jobs' messages over one producer, the tenants' quota aside.
+
+    If the broker fails before any message is known to be out, the jobs (`withdraw`: all that were
+    committed with them) are deleted and this raises (503 for a broker outage); once some are out,
+    the rest stay for the reaper.
+    """
+    svc = services()
     marks, sent = published_marks(), []
 
     def published(job_ids: list[uuid.UUID]) -> None:
@@ -219,8 +234,7 @@ def publish(who: Principal, gate: Admission, jobs: Sequence[Job]) -> None:
                 len(computing) - len(sent), len(computing), type(exc).__name__,
             )  # fmt: skip
         else:
-            _withdraw([job.id for job in jobs])  # nothing may stay queued forever without a message
-            gate.release(who, [job.id for job in jobs])
+            _withdraw([job.id for job in (computing if withdraw is None else withdraw)])
             if is_transient(exc):
                 raise ServiceUnavailable(
                     "The job queue is unavailable; the job was not accepted.", reason="broker"

@@ -41,6 +41,13 @@ class ServingSettings(BaseModel):
         1.0, description="How long a web process reuses its queued-jobs counts (`queue_position`)."
     )
     max_wait_s: int = Field(30, description="Upper bound of `Prefer: wait=N` on submit.")
+    submit_group_max: int = Field(
+        64,
+        ge=1,
+        description="Most submits a web process commits and publishes together (one INSERT, one "
+        "broker round trip): those arriving while a group is written go in the next one (app."
+        "submit_groups). `1`: each submit alone.",
+    )
     max_waiters: int = Field(
         4, description="Concurrent `Prefer: wait` requests per web process; more answer at once."
     )
