@@ -42,19 +42,43 @@ return 1
 """
 
 
+# KEYS: the set, its reconciliation marker. ARGV: score, limit, marker lifetime (ms), then the
+# members. -1: the marker had lapsed (now set again): reconcile first, nothing added; else _RESERVE's
+# answer. One round trip for a submit when no reconciliation is due (most of them).
+_RESERVE_UNLESS_DUE = """
+if redis.call('SET', KEYS[2], 1, 'NX', 'PX', ARGV[3]) then return -1 end
+if redis.call('ZCARD', KEYS[1]) + #ARGV - 3 > tonumber(ARGV[2]) then return 0 end
+for i = 4, #ARGV do redis.call('ZADD', KEYS[1], ARGV[1], ARGV[i]) end
+redis.call('EXPIRE', KEYS[1], 86400)
+return 1
+"""
+
+DUE = -1
+
+
 class _Store(Protocol):
+    def reserve_unless_due(
+        self, key: str, members: list[str], score: float, limit: int, every_s: float
+    ) -> int: ...
     def try_add(self, key: str, members: list[str], score: float, limit: int) -> bool: ...
     def chunks(self, key: str, size: int) -> Iterator[dict[str, float]]: ...
     def count(self, key: str) -> int: ...
     def remove(self, key: str, members: list[str]) -> None: ...
     def add_missing(self, key: str, members: list[str], score: float) -> None: ...
-    def due(self, key: str, every_s: float) -> bool: ...
 
 
 class RedisStore:
     def __init__(self, url: str) -> None:
         self.client = redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
         self.reserve = self.client.register_script(_RESERVE)
+        self.reserve_or_due = self.client.register_script(_RESERVE_UNLESS_DUE)
+
+    def reserve_unless_due(
+        self, key: str, members: list[str], score: float, limit: int, every_s: float
+    ) -> int:
+        """DUE when the set is due for reconciliation (nothing added), else 1 added / 0 full."""
+        keys, args = [key, f"{key}:synced"], [score, limit, int(every_s * 1000), *members]
+        return int(self.reserve_or_due(keys=keys, args=args))
 
     def try_add(self, key: str, members: list[str], score: float, limit: int) -> bool:
         return bool(self.reserve(keys=[key], args=[score, limit, *members]))
@@ -80,9 +104,6 @@ class RedisStore:
         if members:
             self.client.zadd(key, dict.fromkeys(members, score), nx=True)
 
-    def due(self, key: str, every_s: float) -> bool:
-        return bool(self.client.set(f"{key}:synced", 1, nx=True, px=int(every_s * 1000)))
-
 
 class MemoryStore:
     """One process only (the embedded mode, with the limiter's memory storage)."""
@@ -91,6 +112,13 @@ class MemoryStore:
         self.sets: dict[str, dict[str, float]] = {}
         self.synced: dict[str, float] = {}
         self.lock = threading.Lock()
+
+    def reserve_unless_due(
+        self, key: str, members: list[str], score: float, limit: int, every_s: float
+    ) -> int:
+        if self.due(key, every_s):
+            return DUE
+        return int(self.try_add(key, members, score, limit))
 
     def try_add(self, key: str, members: list[str], score: float, limit: int) -> bool:
         with self.lock:
@@ -146,11 +174,10 @@ class ActiveJobs:
         Falls back to a Postgres count when Redis is down."""
         key, members = self._key(tenant_id), [str(j) for j in job_ids]
         try:
-            if self.store.due(key, SYNC_S):
-                self._sync(tenant_id, key)
-            if self.store.try_add(key, members, time.time(), limit):
+            added = self.store.reserve_unless_due(key, members, time.time(), limit, SYNC_S)
+            if added == 1:
                 return True, -1
-            self._sync(tenant_id, key)  # refuse only on fresh numbers
+            self._sync(tenant_id, key)  # due, or full: refuse only on fresh numbers
             if self.store.try_add(key, members, time.time(), limit):
                 return True, -1
             return False, self.store.count(key)

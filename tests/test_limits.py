@@ -146,6 +146,23 @@ def test_quota_counts_queued_and_running_jobs(tenant_client, sessions):
     assert submit(client).status_code == 202
 
 
+def test_a_submit_reserves_its_quota_slot_in_one_redis_call(app, client, monkeypatch):
+    """Outside the reconciliation (at most every SYNC_S per tenant), the slot takes one script
+    call, which also renews the reconciliation marker when it has lapsed (app.quota)."""
+    assert submit(client).status_code == 202  # the tenant's first: reconciled, marker set
+    store = app.extensions["genqueue.admission"].quota.store.client
+    commands: list[str] = []
+    original = store.execute_command
+
+    def counted(*args, **kwargs):
+        commands.append(str(args[0]))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(store, "execute_command", counted)
+    assert [submit(client).status_code for _ in range(3)] == [202] * 3
+    assert commands == ["EVALSHA"] * 3
+
+
 def test_quota_holds_under_concurrent_submits(app, tenant_client, sessions):
     key = make_api_key(sessions, "acme", max_active_jobs=3)
     statuses: list[int] = []
