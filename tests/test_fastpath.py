@@ -152,3 +152,45 @@ def test_submits_get_published_at_from_the_background_recorder(client, sessions)
             return s.scalar(select(func.count()).where(Job.published_at.is_(None))) == 0
 
     wait_for(all_published, 5, 0.02, f"all {len(ids)} jobs to get published_at")
+
+
+def test_a_read_through_the_driver_answers_as_sqlalchemy_would(app, client, sessions, monkeypatch) -> None:
+    """GET /v1/jobs/{id} reads its row through psycopg directly (app.job_access): the answer must
+    be the one the SQLAlchemy read gives, for a queued job and a finished one with every kind of
+    column set (timestamps, floats, JSON, text)."""
+    import app.job_access as access
+
+    driver_reads = []
+    original = access._driver_read
+
+    def counted(dialect):
+        driver_reads.append(dialect)
+        return original(dialect)
+
+    monkeypatch.setattr(access, "_driver_read", counted)
+    queued = client.post("/v1/jobs", json={"prompt": "a", "modality": "text", "metadata": {"k": "x", "n": "1"}})
+    done = client.post("/v1/jobs", json={"prompt": "b", "modality": "video", "priority": "high"})
+    done_id = uuid.UUID(done.get_json()["id"])
+    now = utcnow()
+    with sessions.begin() as s:
+        s.execute(
+            Job.__table__.update()
+            .where(Job.id == done_id)
+            .values(
+                status="succeeded", stage="video", progress=100, attempts=2, output_text="a shot\nof b",
+                artifact_path=f"{done_id}/video.mp4", started_at=now, text_completed_at=now,
+                completed_at=now, text_s=0.125, video_s=1.5, updated_at=now,
+            )
+        )  # fmt: skip
+
+    def bodies() -> list[Any]:
+        return [client.get(f"/v1/jobs/{j.get_json()['id']}").get_json() for j in (queued, done)]
+
+    direct = bodies()
+    assert len(driver_reads) == 2
+    with statements(app) as seen:  # a listener on the app's engine: the reads go through SQLAlchemy
+        through_sqlalchemy = bodies()
+    assert len(driver_reads) == 2 and any("FROM jobs" in statement for statement, _ in seen)
+    assert direct == through_sqlalchemy
+    assert direct[0]["metadata"] == {"k": "x", "n": "1"} and direct[0]["queue_position"] is not None
+    assert direct[1]["status"] == "succeeded" and direct[1]["outputs"]["text"] == "a shot\nof b"
