@@ -16,7 +16,8 @@ from datetime import datetime
 from functools import cache
 from typing import Any
 
-from sqlalchemy import ColumnElement, Update, and_, bindparam, delete, func, inspect, true, update
+from sqlalchemy import ColumnElement, Update, Uuid, and_, any_, bindparam, delete, func, inspect, true, update
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import Session
 
@@ -134,11 +135,14 @@ def mark_published(session: Session, job_id: uuid.UUID) -> bool:
 
 
 @cache
-def _mark_many_stmt() -> Any:
+def _mark_many_stmt(as_array: bool) -> Any:
+    # On Postgres the ids go as one uuid[] parameter (`= ANY`): an IN list of hundreds of
+    # placeholders cost SQLAlchemy and psycopg more CPU to render and parse than the UPDATE itself.
+    ids = bindparam("ids", type_=ARRAY(Uuid)) if as_array else bindparam("ids", expanding=True)
     return (
         update(Job)
         .where(
-            Job.id.in_(bindparam("ids", expanding=True)),
+            Job.id == any_(ids) if as_array else Job.id.in_(ids),
             Job.status == JobStatus.QUEUED,
             Job.published_at.is_(None),
         )
@@ -151,7 +155,8 @@ def mark_published_many(session: Session, job_ids: list[uuid.UUID], at: datetime
     """mark_published for many jobs in one UPDATE (the API records its publishes in batches)."""
     if not job_ids:
         return 0
-    result = session.execute(_mark_many_stmt(), {"ids": job_ids, "at": at or utcnow()})
+    stmt = _mark_many_stmt(session.get_bind().dialect.name == "postgresql")
+    result = session.execute(stmt, {"ids": job_ids, "at": at or utcnow()})
     return rowcount(result) or 0
 
 
