@@ -168,7 +168,8 @@ def test_a_read_through_the_driver_answers_as_sqlalchemy_would(app, client, sess
         return original(dialect)
 
     monkeypatch.setattr(access, "_driver_read", counted)
-    queued = client.post("/v1/jobs", json={"prompt": "a", "modality": "text", "metadata": {"k": "x", "n": "1"}})
+    meta = {"k": "x", "n": "1"}
+    queued = client.post("/v1/jobs", json={"prompt": "a", "modality": "text", "metadata": meta})
     done = client.post("/v1/jobs", json={"prompt": "b", "modality": "video", "priority": "high"})
     done_id = uuid.UUID(done.get_json()["id"])
     now = utcnow()
@@ -194,3 +195,20 @@ def test_a_read_through_the_driver_answers_as_sqlalchemy_would(app, client, sess
     assert direct == through_sqlalchemy
     assert direct[0]["metadata"] == {"k": "x", "n": "1"} and direct[0]["queue_position"] is not None
     assert direct[1]["status"] == "succeeded" and direct[1]["outputs"]["text"] == "a shot\nof b"
+
+
+def test_a_new_jobs_answer_is_built_from_its_values_alike() -> None:
+    """A submit's job is never in a session: app.job_access reads it as a row of its values for
+    the answer, which must be the answer the ORM object gives, unset attributes included."""
+    from app.job_access import _readable
+    from models.resource import job_model
+
+    now = utcnow()
+    job = Job(
+        id=uuid.uuid4(), tenant_id=uuid.uuid4(), status="queued", modality="video", prompt="a fox",
+        params={"width": 64, "seed": 1}, models={"video": {"asked": "tiny"}}, priority="high",
+        meta={"k": "v"}, variants=None, progress=0, attempts=0, cached=False, created_at=now, updated_at=now,
+    )  # fmt: skip
+    row = _readable(job)
+    assert row is not job and not isinstance(row, Job)
+    assert job_model(row, "http://h", 4).public() == job_model(job, "http://h", 4).public()
