@@ -12,6 +12,7 @@ from typing import Any, cast
 
 from flask import current_app
 from sqlalchemy import Connection, Dialect, Select, bindparam, inspect, select
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 from werkzeug.routing import BaseConverter
 
@@ -112,6 +113,23 @@ def _driver_read(dialect: Dialect) -> _DriverRead:
     return _DriverRead(dialect)
 
 
+def _read_through_driver(conn: Connection, params: dict[str, Any]) -> Any:
+    read = _driver_read(conn.dialect)
+    dbapi = conn.connection.dbapi_connection
+    try:
+        with conn.connection.driver_connection.execute(read.sql, params) as cursor:  # type: ignore[union-attr]
+            found = cursor.fetchone()
+            return None if found is None else read.row(cursor.description, found)
+    except conn.dialect.loaded_dbapi.Error as exc:
+        # As SQLAlchemy would raise it: a lost server invalidates the connection, and the error
+        # handler then sees a transient outage (503 with Retry-After), not a bare driver error.
+        lost = conn.dialect.is_disconnect(exc, dbapi, None)
+        if lost:
+            conn.invalidate(exc)
+        error_class = conn.dialect.loaded_dbapi.Error
+        raise DBAPIError.instance(read.sql, params, exc, error_class, connection_invalidated=lost) from exc
+
+
 def read_job(conn: Connection, raw_id: str) -> Job:
     """load_job for a read-only answer, without the ORM: a row (no entity loading, no identity
     map). job_model and app.queue read attributes only, which the row has under the same names;
@@ -122,10 +140,7 @@ def read_job(conn: Connection, raw_id: str) -> Job:
     params = {"id": _job_id(raw_id), "tenant": tenant_id()}
     listened = conn.dispatch.before_cursor_execute or conn.dispatch.after_cursor_execute
     if conn.dialect.driver == "psycopg" and not listened:
-        read = _driver_read(conn.dialect)
-        cursor = conn.connection.driver_connection.execute(read.sql, params)  # type: ignore[union-attr]
-        found = cursor.fetchone()
-        row = None if found is None else read.row(cursor.description, found)
+        row = _read_through_driver(conn, params)
     else:
         row = conn.execute(_resource_row(), params).first()
     if row is None:

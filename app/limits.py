@@ -3,7 +3,9 @@
 Each API key gets its plan's `rate_limit`, e.g. "100/second;3000/minute": a burst over one
 second and a sustained rate over a minute, as a sliding window counter (the current and
 the previous window's counts, weighted: no double burst at window edges, O(1) in Redis).
-A request is counted against all of its key's limits or, if one is breached, against none.
+On Redis with the sliding window counter (the default) a request is counted against all of its
+key's limits or, if one is breached, against none; other storages and strategies count limit by
+limit up to the breached one (limits' own strategies).
 Every limited response carries RateLimit-Limit / -Remaining / -Reset (seconds, as the IETF
 draft has it) and RateLimit-Policy; a 429 also carries Retry-After. On Redis, all of a plan's
 limits take one script call that also returns the windows the headers read (app.limit_storage).
@@ -77,8 +79,10 @@ class KeyLimiter:
         stats = [self.strategy.get_window_stats(item, *ids) for item in items]
         breached = None
         if not acquired:
-            # The limit with no room left (with several, the shortest window: its reset is nearest).
-            breached = next((i for i, s in zip(items, stats, strict=True) if s.remaining < 1), items[0])
+            # The limit with no room left; with several, the one that frees up last: a request
+            # needs room in all of them, so that is when to retry (Retry-After).
+            full = [(st.reset_time, i) for i, st in enumerate(stats) if st.remaining < 1]
+            breached = items[max(full)[1]] if full else items[0]
         return Verdict(
             items=items,
             remaining=tuple(s.remaining for s in stats),

@@ -77,8 +77,8 @@ class RedisStore:
         self, key: str, members: list[str], score: float, limit: int, every_s: float
     ) -> int:
         """DUE when the set is due for reconciliation (nothing added), else 1 added / 0 full."""
-        keys, args = [key, f"{key}:synced"], [score, limit, int(every_s * 1000), *members]
-        return int(self.reserve_or_due(keys=keys, args=args))
+        args: list[float | int | str] = [score, limit, int(every_s * 1000), *members]
+        return int(self.reserve_or_due(keys=[key, f"{key}:synced"], args=args))
 
     def try_add(self, key: str, members: list[str], score: float, limit: int) -> bool:
         return bool(self.reserve(keys=[key], args=[score, limit, *members]))

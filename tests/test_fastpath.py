@@ -212,3 +212,20 @@ def test_a_new_jobs_answer_is_built_from_its_values_alike() -> None:
     row = _readable(job)
     assert row is not job and not isinstance(row, Job)
     assert job_model(row, "http://h", 4).public() == job_model(job, "http://h", 4).public()
+
+
+def test_a_driver_read_that_loses_the_database_answers_503(client, monkeypatch) -> None:
+    """The read through psycopg fails as SQLAlchemy's would: an outage is a 503 with Retry-After
+    (app.errors, tasks.contract.transient), not an unhandled driver error."""
+    import psycopg
+
+    job = client.post("/v1/jobs", json={"prompt": "a", "modality": "text"}).get_json()
+
+    def down(*args: Any, **kwargs: Any) -> Any:
+        raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(psycopg.Connection, "execute", down)
+    resp = client.get(f"/v1/jobs/{job['id']}")
+    assert resp.status_code == 503 and int(resp.headers["Retry-After"]) > 0
+    monkeypatch.undo()
+    assert client.get(f"/v1/jobs/{job['id']}").status_code == 200  # a new connection, then
