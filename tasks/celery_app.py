@@ -6,7 +6,7 @@ from celery import Celery
 
 from models import redaction
 from models.settings import Settings, from_environment
-from tasks import amqp_fixes, kombu_fixes, log_context
+from tasks import amqp_fixes, kombu_clients, kombu_fixes, log_context
 from tasks.config import celery_config
 
 
@@ -17,6 +17,7 @@ def create_celery(settings: Settings, *, set_as_current: bool = True) -> Celery:
     # A Redis restart must cost a reconnect, not the worker (kombu bug, see tasks.kombu_fixes).
     if settings.broker_closed_transport_guard:
         kombu_fixes.install()
+    kombu_clients.install()  # one redis-py client per channel, not one per command
     # A stalled RabbitMQ read must end after the socket timeout, mid-frame too (tasks.amqp_fixes).
     if settings.broker_socket_timeout_s:
         amqp_fixes.install()
