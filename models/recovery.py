@@ -11,13 +11,14 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, case, literal, update
+from sqlalchemy import ColumnElement, Integer, and_, bindparam, case, update
 from sqlalchemy.orm import Session
 
 from models import events
 from models.base import utcnow
 from models.job import ACTIVE, Job, JobEvent, JobStatus, Stage
 from models.states import _transition
+from models.transition_sql import Bound
 
 FINISHED_UNSUCCESSFULLY = (JobStatus.FAILED, JobStatus.CANCELED)
 
@@ -31,14 +32,22 @@ def set_deadline(session: Session, job_id: uuid.UUID, seconds: float) -> bool:
     return _transition(session, job_id, Job.status.in_(ACTIVE), {"deadline_at": deadline_in(seconds)}, None)
 
 
-def entry_deadline(seconds: float, max_attempts: int) -> ColumnElement[datetime]:
+def entry_deadline(seconds: float, max_attempts: int) -> Bound:
     """deadline_at for an UPDATE that enters a stage and counts one more attempt.
 
     `seconds` from now while the attempt is within max_attempts; past that the stage fails at
     once instead of running, so the deadline stays as it was (the SET sees the old attempts).
     """
-    within = Job.attempts + 1 <= max_attempts
-    return case((within, literal(deadline_in(seconds), Job.deadline_at.type)), else_=Job.deadline_at)
+    return Bound(
+        "entry_deadline",
+        _entry_deadline_sql,
+        {"entry_max_attempts": max_attempts, "entry_deadline_at": deadline_in(seconds)},
+    )
+
+
+def _entry_deadline_sql() -> ColumnElement[datetime]:
+    within = Job.attempts + 1 <= bindparam("entry_max_attempts", type_=Integer)
+    return case((within, bindparam("entry_deadline_at", type_=Job.deadline_at.type)), else_=Job.deadline_at)
 
 
 def record_retry(

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import cache
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import ColumnElement, Update, Uuid, and_, any_, bindparam, delete, func, inspect, true, update
+from sqlalchemy import ColumnElement, Uuid, and_, any_, bindparam, delete, func, inspect, true, update
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import Session
@@ -26,8 +26,9 @@ from models.base import utcnow
 from models.cache import settle_followers
 from models.db import rowcount
 from models.job import ACTIVE, Job, JobStatus, Stage
+from models.transition_sql import Bound, statement
 
-Deadline = datetime | ColumnElement[datetime]  # a value, or an expression on the row's old values
+Deadline = datetime | Bound  # a value, or an expression on the row's old values (recovery.entry_deadline)
 
 # Observers of finished jobs (the workers' metrics, tasks.metrics): called with the session, the
 # job row as its terminal transition left it and how many cache followers finished with it.
@@ -53,24 +54,17 @@ def _transition(
     event_data: dict[str, Any] | None = None,
     then: tuple[str, ...] = (),
     event_at: datetime | None = None,
+    shape: Hashable | None = None,
 ) -> bool:
+    """`shape`: this call's statement is built once and reused (models.transition_sql)."""
     if not event:
-        stmt = _update(job_id, where, values)
-        return rowcount(session.execute(stmt)) == 1
+        stmt, params = statement(job_id, where, values, shape=shape)
+        return rowcount(session.execute(stmt, params)) == 1
     job = _transition_row(
         session, job_id, where, values, event,
-        from_status=from_status, event_data=event_data, then=then, event_at=event_at,
+        from_status=from_status, event_data=event_data, then=then, event_at=event_at, shape=shape,
     )  # fmt: skip
     return job is not None
-
-
-def _update(job_id: uuid.UUID, where: ColumnElement[bool], values: dict[str, Any]) -> Update:
-    return (
-        update(Job)
-        .where(Job.id == job_id, where)
-        .values(updated_at=utcnow(), **values)
-        .execution_options(synchronize_session=False)
-    )
 
 
 def _transition_row(
@@ -84,18 +78,21 @@ def _transition_row(
     event_data: dict[str, Any] | None = None,
     then: tuple[str, ...] = (),
     event_at: datetime | None = None,
+    shape: Hashable | None = None,
 ) -> Job | None:
     """The transition, returning the job row as it left it; None when it did not happen."""
-    stmt = _update(job_id, where, values).execution_options(populate_existing=True)
     if not event:
-        return session.execute(stmt.returning(Job)).scalar()
+        stmt, params = statement(job_id, where, values, shape=shape, returning=(Job,))
+        return cast("Job | None", session.execute(stmt, params).scalar())
     # RETURNING the row gives the webhook outbox its snapshot, and whether the tenant has an
     # endpoint, without another round trip.
     check = outbox.registered_column(session)
     if check is None:
-        job, registered = session.execute(stmt.returning(Job)).scalar(), None
+        stmt, params = statement(job_id, where, values, shape=shape, returning=(Job,))
+        job, registered = session.execute(stmt, params).scalar(), None
     else:
-        job, registered = session.execute(stmt.returning(Job, check)).first() or (None, None)
+        stmt, params = statement(job_id, where, values, shape=shape, returning=(Job, check))
+        job, registered = session.execute(stmt, params).first() or (None, None)
     if job is None:
         return None
     at = event_at or utcnow()
@@ -108,7 +105,7 @@ def _transition_row(
     }
     events = [{**common, "type": name, "data": dict(event_data or {})} for name in (event, *then)]
     outbox.add_events(session, job, events, registered)
-    return job
+    return cast(Job, job)  # the statement is typed as a plain Update: its rows are Any
 
 
 def _settle(session: Session, job: Job | None) -> bool:
@@ -131,6 +128,7 @@ def mark_published(session: Session, job_id: uuid.UUID) -> bool:
         and_(Job.status == JobStatus.QUEUED, Job.published_at.is_(None)),
         {"published_at": utcnow()},
         None,
+        shape="mark_published",
     )
 
 
@@ -228,6 +226,7 @@ def start_text(session: Session, job_id: uuid.UUID, *, deadline_at: Deadline | N
         values,
         "job.started",
         from_status=JobStatus.QUEUED,
+        shape="start_text",
     )
 
 
@@ -242,7 +241,7 @@ def resume_stage(
     if deadline_at is not None:
         values["deadline_at"] = deadline_at
     where = and_(Job.status == JobStatus.RUNNING, Job.stage == stage)
-    return _transition_row(session, job_id, where, values, None)
+    return _transition_row(session, job_id, where, values, None, shape=("resume_stage", stage))
 
 
 @dataclass(frozen=True)
@@ -277,7 +276,12 @@ STAGE_COLUMNS: dict[Stage, StageColumns] = {
 def _charge_values(stage: Stage, charge: Charge) -> dict[str, Any]:
     cols = STAGE_COLUMNS[stage]
     column = getattr(Job, cols.gpu_s)
-    values = {cols.gpu_s: func.coalesce(column, 0.0) + round(charge.gpu_s, 6), cols.model: charge.model}
+    added = Bound(
+        f"charge:{cols.gpu_s}",
+        lambda: func.coalesce(column, 0.0) + bindparam("charge_gpu_s", type_=column.type),
+        {"charge_gpu_s": round(charge.gpu_s, 6)},
+    )
+    values = {cols.gpu_s: added, cols.model: charge.model}
     return values | ({"models": charge.models} if charge.models is not None else {})
 
 
@@ -289,7 +293,8 @@ def charge_attempt(session: Session, job_id: uuid.UUID, stage: Stage, charge: Ch
     generation (here, or in the completion's own UPDATE); a redelivery that finds the stage done
     never gets there, and costs nothing.
     """
-    session.execute(_update(job_id, true(), _charge_values(stage, charge)))
+    stmt, params = statement(job_id, true(), _charge_values(stage, charge), shape=("charge", stage))
+    session.execute(stmt, params)
 
 
 def _charged(session: Session, job_id: uuid.UUID, stage: Stage, charge: Charge | None, done: bool) -> bool:
@@ -335,12 +340,21 @@ def complete_text(
             "job.text.completed",
             from_status=JobStatus.RUNNING,
             then=("job.succeeded",),
+            shape="complete_text:final",
         )
         return _charged(session, job_id, Stage.TEXT, charge, _settle(session, job))
     values |= {"stage": next_stage, "progress": progress, "attempts": 0}
     if deadline_at is not None:
         values["deadline_at"] = deadline_at
-    done = _transition(session, job_id, where, values, "job.text.completed", from_status=JobStatus.RUNNING)
+    done = _transition(
+        session,
+        job_id,
+        where,
+        values,
+        "job.text.completed",
+        from_status=JobStatus.RUNNING,
+        shape="complete_text",
+    )
     return _charged(session, job_id, Stage.TEXT, charge, done)
 
 
@@ -404,6 +418,7 @@ def complete_render(
         values,
         "job.succeeded",
         from_status=JobStatus.RUNNING,
+        shape=("complete_render", stage),
     )
     return _charged(session, job_id, stage, charge, _settle(session, job))
 
@@ -438,6 +453,7 @@ def fail(session: Session, job_id: uuid.UUID, code: str, message: str, stage: st
         },
         "job.failed",
         event_data={"code": code, "stage": stage},
+        shape="fail",
     )
     return _settle(session, job)
 
@@ -456,6 +472,7 @@ def cancel(session: Session, job_id: uuid.UUID) -> bool:
             "error_stage": Job.stage,
         },
         "job.canceled",
+        shape="cancel",
     )
 
 

@@ -135,3 +135,44 @@ def test_an_attempt_is_charged_once_whether_or_not_its_completion_happens(sessio
         job = s.get(Job, jid)
         assert (job.text_gpu_s, job.text_model, job.tokens_generated) == (0.25, "m", 3)
         assert (job.video_gpu_s, job.video_model, job.frames_rendered) == (1.25, "v2", None)
+
+
+def test_a_shaped_transition_reuses_its_statement_and_binds_each_calls_values(sessions) -> None:
+    """models.transition_sql: a transition's UPDATE is built once per shape; what differs between
+    calls (the job, the deadline, the GPU seconds added) must be each call's own."""
+    from datetime import timedelta
+
+    from models.recovery import entry_deadline
+    from models.transition_sql import statement
+
+    first, second = _job(sessions), _job(sessions)
+    with transaction(sessions) as s:
+        a = states.start_text(s, first, deadline_at=entry_deadline(60, 3))
+        b = states.start_text(s, second, deadline_at=entry_deadline(3600, 3))
+        assert a is not None and b is not None and a.id == first and b.id == second
+        assert timedelta(minutes=58) < b.deadline_at - a.deadline_at < timedelta(minutes=60)
+        for gpu_s in (0.25, 0.5):
+            states.charge_attempt(s, first, Stage.TEXT, states.Charge(gpu_s, "echo"))
+        states.charge_attempt(s, second, Stage.TEXT, states.Charge(2.0, "other"))
+    with sessions() as s:
+        rows = {j.id: j for j in s.scalars(select(Job).where(Job.id.in_([first, second])))}
+    assert (rows[first].text_gpu_s, rows[first].text_model) == (0.75, "echo")
+    assert (rows[second].text_gpu_s, rows[second].text_model) == (2.0, "other")
+    one, p1 = statement(first, Job.status == "x", {"progress": 1}, shape="test-shape")
+    two, p2 = statement(second, Job.status == "y", {"progress": 2}, shape="test-shape")
+    assert one is two  # built once: the shape's first WHERE, its values bound per call
+    assert (p1["transition_job_id"], p1["set_progress"]) == (first, 1)
+    assert (p2["transition_job_id"], p2["set_progress"]) == (second, 2)
+
+
+def test_a_stage_past_its_attempts_keeps_its_deadline(sessions) -> None:
+    """entry_deadline's bound `case()`: within max_attempts the new deadline, past it the old one."""
+    from models.recovery import entry_deadline
+
+    jid = _job(sessions)
+    with transaction(sessions) as s:
+        started = states.start_text(s, jid, deadline_at=entry_deadline(60, 1))
+        assert started is not None and started.deadline_at is not None
+        kept = started.deadline_at
+        again = states.resume_stage(s, jid, Stage.TEXT, deadline_at=entry_deadline(3600, 1))
+        assert again is not None and again.attempts == 2 and again.deadline_at == kept
