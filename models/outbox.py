@@ -83,11 +83,23 @@ def add_events(
     # A message's id is its event's: RETURNING them in the order of `events`.
     stmt = events_table.insert().returning(events_table.c.id, sort_by_parameter_order=True)
     ids = session.execute(stmt, list(events)).scalars().all()
+    written = [(id_, ev["type"], ev["created_at"]) for id_, ev in zip(ids, events, strict=True)]
+    add_messages(session, job, written, registered=True)
+
+
+def add_messages(
+    session: Session, job: Job, events: Sequence[tuple[int, str, datetime]], *, registered: bool
+) -> None:
+    """The outbox messages of `job`'s written events (id, type, time), if it or its tenant wants them.
+
+    `registered`: whether the tenant has a registered endpoint (registered_column)."""
+    if job.webhook is None and not registered:
+        return
     state = snapshot(job)
     messages = [
-        # The event's time is the payload's timestamp.
-        {"id": id_, "job_id": job.id, "type": ev["type"], "snapshot": state, "created_at": ev["created_at"]}
-        for id_, ev in zip(ids, events, strict=True)
+        # A message's id is its event's; the event's time is the payload's timestamp.
+        {"id": id_, "job_id": job.id, "type": type_, "snapshot": state, "created_at": at}
+        for id_, type_, at in events
     ]
     session.execute(WebhookMessage.__table__.insert(), messages)
     session.info.setdefault(_PENDING, set()).add(job.id)

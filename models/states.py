@@ -21,7 +21,7 @@ from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import Session
 
-from models import events, outbox
+from models import events, outbox, transition_cte
 from models.base import utcnow
 from models.cache import settle_followers
 from models.db import rowcount
@@ -80,7 +80,14 @@ def _transition_row(
     event_at: datetime | None = None,
     shape: Hashable | None = None,
 ) -> Job | None:
-    """The transition, returning the job row as it left it; None when it did not happen."""
+    """The transition, returning the job row as it left it; None when it did not happen.
+
+    A shaped transition is one statement where it may be (models.transition_cte)."""
+    if shape is not None and transition_cte.applies(session, values):
+        return _in_one_statement(
+            session, job_id, where, values, (event, *then) if event else (),
+            from_status=from_status, event_data=event_data, at=event_at or utcnow(), shape=shape,
+        )  # fmt: skip
     if not event:
         stmt, params = statement(job_id, where, values, shape=shape, returning=(Job,))
         return cast("Job | None", session.execute(stmt, params).scalar())
@@ -106,6 +113,33 @@ def _transition_row(
     events = [{**common, "type": name, "data": dict(event_data or {})} for name in (event, *then)]
     outbox.add_events(session, job, events, registered)
     return cast(Job, job)  # the statement is typed as a plain Update: its rows are Any
+
+
+def _in_one_statement(
+    session: Session,
+    job_id: uuid.UUID,
+    where: ColumnElement[bool],
+    values: dict[str, Any],
+    names: tuple[str, ...],
+    *,
+    from_status: str | None,
+    event_data: dict[str, Any] | None,
+    at: datetime,
+    shape: Hashable,
+) -> Job | None:
+    if not names:
+        return transition_cte.without_events(session, job_id, where, values, shape)
+    registered = outbox.registered_column(session)
+    assert registered is not None  # Postgres (transition_cte.applies)
+    done = transition_cte.with_events(
+        session, job_id, where, values, names, shape=shape, registered=registered,
+        from_status=from_status, data=dict(event_data or {}), at=at,
+    )  # fmt: skip
+    if done is None:
+        return None
+    job, written, has_endpoint = done
+    outbox.add_messages(session, job, [(id_, type_, at) for id_, type_ in written], registered=has_endpoint)
+    return job
 
 
 def _settle(session: Session, job: Job | None) -> bool:

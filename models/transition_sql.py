@@ -82,6 +82,12 @@ def statement(
         inline = {k: v.inline() if isinstance(v, Bound) else v for k, v in values.items()}
         return _build(job_id, where, inline, returning, bool(returning)), {}
     key = (shape, tuple((k, _kind(v)) for k, v in values.items()), len(returning))
+    return _memoized(key, job_id, where, values, returning), _params(job_id, values)
+
+
+def _memoized(
+    key: Hashable, job_id: uuid.UUID, where: ColumnElement[bool], values: dict[str, Any], returning: Returning
+) -> Update:
     stmt = _memo.get(key)
     if stmt is None:
         sets = {
@@ -93,10 +99,14 @@ def statement(
         stmt = _build(job, where, sets, returning, bool(returning))
         with _memo_lock:
             stmt = _memo.setdefault(key, stmt)
+    return stmt
+
+
+def _params(job_id: uuid.UUID, values: dict[str, Any]) -> dict[str, Any]:
     params: dict[str, Any] = {"transition_job_id": job_id}
     for k, v in values.items():
         if isinstance(v, Bound):
             params.update(v.params)
         elif not _is_sql(v):
             params[_param(k)] = v
-    return stmt, params
+    return params
