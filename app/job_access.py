@@ -7,12 +7,11 @@ from __future__ import annotations
 import collections
 import functools
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, cast
 
 from flask import current_app
-from sqlalchemy import Connection, Dialect, Select, bindparam, inspect, select
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy import Connection, Select, bindparam, inspect, select
 from sqlalchemy.orm import Session
 from werkzeug.routing import BaseConverter
 
@@ -22,7 +21,7 @@ from app.errors import NotFound
 from app.published import PublishedMarks
 from app.queue import QueueCounts
 from app.services import extension, services
-from models import Job, shot_states
+from models import Job, driver_sql, shot_states
 from models.job import Modality
 from models.plans import Plan
 from models.resource import Job as JobResource
@@ -84,65 +83,14 @@ def _readable(job: Job) -> Job:
     return cast("Job", _row_type()(*[values.get(name) for name in _row_type()._fields]))
 
 
-class _DriverRead:
-    """_resource_row compiled once for the driver, and a maker of its rows: a named tuple of the
-    values after the columns' own result processors (UTC datetimes, numbers), as SQLAlchemy
-    gives them; the processors are chosen on the first read, from the driver's column types."""
-
-    def __init__(self, dialect: Dialect) -> None:
-        stmt = _resource_row()
-        self.dialect, self.sql = dialect, stmt.compile(dialect=dialect).string
-        self.columns, self.row_type = list(stmt.selected_columns), _row_type()
-        self.processors: list[Callable[[Any], Any] | None] | None = None
-
-    def row(self, description: Sequence[Any], values: Sequence[Any]) -> Any:
-        if self.processors is None:
-            d = self.dialect
-            self.processors = [
-                c.type.dialect_impl(d).result_processor(d, column.type_code)
-                for c, column in zip(self.columns, description, strict=True)
-            ]
-        processed = [
-            v if p is None or v is None else p(v) for p, v in zip(self.processors, values, strict=True)
-        ]
-        return self.row_type(*processed)
-
-
-@functools.lru_cache(maxsize=8)  # one per engine's dialect
-def _driver_read(dialect: Dialect) -> _DriverRead:
-    return _DriverRead(dialect)
-
-
-def _read_through_driver(conn: Connection, params: dict[str, Any]) -> Any:
-    read = _driver_read(conn.dialect)
-    dbapi = conn.connection.dbapi_connection
-    try:
-        with conn.connection.driver_connection.execute(read.sql, params) as cursor:  # type: ignore[union-attr]
-            found = cursor.fetchone()
-            return None if found is None else read.row(cursor.description, found)
-    except conn.dialect.loaded_dbapi.Error as exc:
-        # As SQLAlchemy would raise it: a lost server invalidates the connection, and the error
-        # handler then sees a transient outage (503 with Retry-After), not a bare driver error.
-        lost = conn.dialect.is_disconnect(exc, dbapi, None)
-        if lost:
-            conn.invalidate(exc)
-        error_class = conn.dialect.loaded_dbapi.Error
-        raise DBAPIError.instance(read.sql, params, exc, error_class, connection_invalidated=lost) from exc
-
-
 def read_job(conn: Connection, raw_id: str) -> Job:
     """load_job for a read-only answer, without the ORM: a row (no entity loading, no identity
     map). job_model and app.queue read attributes only, which the row has under the same names;
-    it is typed as the Job it stands for. On psycopg the statement goes to the driver directly:
-    SQLAlchemy's execution and result machinery were half the CPU of this read (0.42 -> 0.22 ms
-    a read in a loop, docs/BENCHMARKS.md). Not while anything listens to the engine's statements
-    (instrumentation, the tests' statement counts): those see it through SQLAlchemy."""
+    it is typed as the Job it stands for. The statement goes to the driver where it may
+    (models.driver_sql): SQLAlchemy's execution and result machinery were half the CPU of this
+    read (0.42 -> 0.22 ms a read in a loop, docs/BENCHMARKS.md)."""
     params = {"id": _job_id(raw_id), "tenant": tenant_id()}
-    listened = conn.dispatch.before_cursor_execute or conn.dispatch.after_cursor_execute
-    if conn.dialect.driver == "psycopg" and not listened:
-        row = _read_through_driver(conn, params)
-    else:
-        row = conn.execute(_resource_row(), params).first()
+    row = driver_sql.first_as(conn, _resource_row(), params, _row_type())
     if row is None:
         raise NotFound(f"No job with id {raw_id!r}.")
     return cast("Job", row)

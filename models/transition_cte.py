@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -33,9 +33,9 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, aggregate_order_by
-from sqlalchemy.engine import Row
 from sqlalchemy.orm import Session
 
+from models import driver_sql
 from models.base import JSONType
 from models.events import CHANNEL
 from models.job import Job, JobEvent
@@ -58,10 +58,10 @@ def applies(session: Session, values: dict[str, Any]) -> bool:
     return status is None or isinstance(status, str)
 
 
-def detached(row: Row[Any]) -> Job:
-    """A detached Job holding the row's values, as a committed session with expire_on_commit=False
-    leaves one: attributes read without loading, and `session.add` attaches it, never inserts."""
-    values = row._mapping
+def detached(values: Mapping[str, Any]) -> Job:
+    """A detached Job holding the row's values (by column name), as a committed session with
+    expire_on_commit=False leaves one: attributes read without loading, and `session.add`
+    attaches it, never inserts."""
     job: Job = _MAPPER.class_manager.new_instance()
     job.__dict__.update({key: values[name] for key, name in _ATTRS})
     inspect(job).key = _MAPPER.identity_key_from_primary_key((job.id,))
@@ -73,7 +73,7 @@ def without_events(
 ) -> Job | None:
     """The transition, no event: the job as it left, or None when the WHERE matched nothing."""
     stmt, params = statement(job_id, where, values, shape=("row", shape), returning=_COLUMNS)
-    row = session.connection().execute(stmt, params).first()
+    row = driver_sql.first(session.connection(), stmt, params)
     return None if row is None else detached(row)
 
 
@@ -99,11 +99,11 @@ def with_events(
     update, params = statement(job_id, where, values, shape=("events", shape), returning=returning)
     params |= {"ev_types": list(names), "ev_from": from_status, "ev_to": values.get("status")}
     params |= {"ev_data": data, "ev_at": at, "ev_channel": CHANNEL}
-    row = session.connection().execute(_around(update), params).first()
+    row = driver_sql.first(session.connection(), _around(update), params)
     if row is None:
         return None
-    events = list(zip(row.gq_event_ids, row.gq_event_types, strict=True))
-    return detached(row), events, bool(row.gq_registered)
+    events = list(zip(row["gq_event_ids"], row["gq_event_types"], strict=True))
+    return detached(row), events, bool(row["gq_registered"])
 
 
 def _around(update: Update) -> Select[Any]:

@@ -155,19 +155,20 @@ def test_submits_get_published_at_from_the_background_recorder(client, sessions)
 
 
 def test_a_read_through_the_driver_answers_as_sqlalchemy_would(app, client, sessions, monkeypatch) -> None:
-    """GET /v1/jobs/{id} reads its row through psycopg directly (app.job_access): the answer must
+    """GET /v1/jobs/{id} reads its row through psycopg directly (models.driver_sql): the answer must
     be the one the SQLAlchemy read gives, for a queued job and a finished one with every kind of
     column set (timestamps, floats, JSON, text)."""
-    import app.job_access as access
+    import psycopg
 
     driver_reads = []
-    original = access._driver_read
+    original = psycopg.Connection.execute
 
-    def counted(dialect):
-        driver_reads.append(dialect)
-        return original(dialect)
+    def counted(self, query, *args, **kwargs):
+        if "FROM jobs" in str(query):
+            driver_reads.append(query)
+        return original(self, query, *args, **kwargs)
 
-    monkeypatch.setattr(access, "_driver_read", counted)
+    monkeypatch.setattr(psycopg.Connection, "execute", counted)
     meta = {"k": "x", "n": "1"}
     queued = client.post("/v1/jobs", json={"prompt": "a", "modality": "text", "metadata": meta})
     done = client.post("/v1/jobs", json={"prompt": "b", "modality": "video", "priority": "high"})

@@ -132,3 +132,27 @@ def test_a_job_held_in_the_session_is_refreshed_by_the_orm_path(sessions) -> Non
         assert held is not None and held.status == "queued"
         assert states.start_text(s, jid) is held
         assert held.status == "running" and held.attempts == 1
+
+
+def test_a_transition_that_loses_the_database_raises_a_transient_error(sessions, monkeypatch) -> None:
+    """Through the driver (models.driver_sql) an outage is SQLAlchemy's error, which the workers
+    retry (tasks.contract.transient), not a bare driver error."""
+    import pytest
+    import sqlalchemy.exc
+
+    from tasks.contract.transient import is_transient
+
+    jid = _job(sessions)
+
+    def down(*args, **kwargs):
+        raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+    with sessions() as s, s.begin():
+        s.connection()
+        monkeypatch.setattr(psycopg.Connection, "execute", down)
+        with pytest.raises(sqlalchemy.exc.OperationalError) as raised:
+            states.start_text(s, jid)
+        monkeypatch.undo()
+        assert is_transient(raised.value)
+    with transaction(sessions) as s:
+        assert states.start_text(s, jid) is not None  # a new connection, then
