@@ -6,10 +6,10 @@ execution and result machinery cost as much CPU as the driver's round trip (the 
 compiled once per dialect, the bind values go through the same bind processors SQLAlchemy
 would apply, the row's values through the columns' own result processors, and a driver error
 is raised as SQLAlchemy raises it (a lost server invalidates the connection: the web's error
-handler and the workers' retry policy see the same transient outage). Used only where
-`usable` says so: psycopg, a statement with no post-compile (expanding) parameters, and no
-listener on the engine's statements (instrumentation, the tests' statement counts see every
-statement through SQLAlchemy).
+handler and the workers' retry policy see the same transient outage). SQLAlchemy runs it
+instead where the driver is not psycopg, where anything listens to the engine's statements
+(`usable`: instrumentation, the tests' statement counts see every statement), and for a
+statement with post-compile (expanding) parameters, an IN list that SQLAlchemy renders per call.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+import psycopg
 from sqlalchemy import Connection, Dialect
-from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql.expression import Select, Update
 
 Processor = Callable[[Any], Any]
@@ -51,21 +51,23 @@ class DriverStatement:
         self.results: list[Processor | None] | None = None  # chosen on the first row (driver types)
 
     def parameters(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """The driver's parameters for one call's `values`, as SQLAlchemy would bind them."""
         if self.simple:  # what construct_params gives, without its per-call bookkeeping
             params = {**self.literals, **values}
         else:
             params = dict(self.compiled.construct_params(dict(values)))
         for name, process in self.binds.items():
-            if params.get(name) is not None:
+            if name in params:  # None too: a JSON column's None is JSON null, as SQLAlchemy binds it
                 params[name] = process(params[name])
         return params
 
-    def row(self, cursor: Any, values: Sequence[Any]) -> list[Any]:
+    def row(self, cursor: psycopg.Cursor[Any], values: Sequence[Any]) -> list[Any]:
+        """A fetched row's values after the columns' result processors."""
         if self.results is None:  # psycopg builds `description` anew on each access: once only
             d = self.dialect
             self.results = [
                 c.type.dialect_impl(d).result_processor(d, column.type_code)
-                for c, column in zip(self.columns, cursor.description, strict=True)
+                for c, column in zip(self.columns, cursor.description or (), strict=True)
             ]
         return [v if p is None or v is None else p(v) for p, v in zip(self.results, values, strict=True)]
 
@@ -106,14 +108,13 @@ def _first(conn: Connection, stmt: Select[Any] | Update, values: Mapping[str, An
     if run.expanding or not usable(conn):
         return conn.execute(stmt, dict(values)).first()
     params = run.parameters(values)
-    dbapi = conn.connection.dbapi_connection
     try:
         with conn.connection.driver_connection.execute(run.sql, params) as cursor:  # type: ignore[union-attr]
             found = cursor.fetchone()
             return None if found is None else run.row(cursor, found)
-    except conn.dialect.loaded_dbapi.Error as exc:
-        lost = conn.dialect.is_disconnect(exc, dbapi, None)
-        if lost:
-            conn.invalidate(exc)
-        error_class = conn.dialect.loaded_dbapi.Error
-        raise DBAPIError.instance(run.sql, params, exc, error_class, connection_invalidated=lost) from exc
+    except BaseException as exc:  # as SQLAlchemy's execution: an interrupted call invalidates too
+        # SQLAlchemy's own handling (private, but the one definition of it): the error wrapped as
+        # its DBAPIError, a disconnect invalidating this connection and the pool's older ones,
+        # the engine's handle_error hooks run.
+        conn._handle_dbapi_exception(exc, run.sql, params, None, None)
+        raise  # not reached: the handler raises

@@ -5,9 +5,23 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 from enum import StrEnum
+from functools import cache
 from typing import Any
 
-from sqlalchemy import BigInteger, Boolean, Float, ForeignKey, Index, Integer, String, Text, Uuid, false, text
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    Uuid,
+    false,
+    inspect,
+    text,
+)
 from sqlalchemy.orm import Mapped, mapped_column
 
 from models.base import Base, JSONType, UTCDateTime, utcnow
@@ -165,3 +179,9 @@ class JobEvent(Base):
     stage: Mapped[str | None] = mapped_column(String(16))
     data: Mapped[dict[str, Any]] = mapped_column(JSONType, default=dict)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+@cache
+def job_columns() -> list[tuple[str, str]]:
+    """(attribute, column) pairs of Job, in the table's order; they differ for `meta` / "metadata"."""
+    return [(prop.key, prop.columns[0].key) for prop in inspect(Job).column_attrs]

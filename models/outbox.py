@@ -74,27 +74,26 @@ def add_events(
     """
     events_table = JobEvent.__table__
     job_events.notify(session, job.id)  # delivered on commit: the job's streams read the new rows
-    if job.webhook is None:
-        if registered is None:
-            registered = any_registered_endpoint(session, job.tenant_id)
-        if not registered:
-            session.execute(events_table.insert(), list(events))
-            return
+    if job.webhook is None and registered is None:
+        registered = any_registered_endpoint(session, job.tenant_id)
+    if not wanted(job, bool(registered)):
+        session.execute(events_table.insert(), list(events))
+        return
     # A message's id is its event's: RETURNING them in the order of `events`.
     stmt = events_table.insert().returning(events_table.c.id, sort_by_parameter_order=True)
     ids = session.execute(stmt, list(events)).scalars().all()
     written = [(id_, ev["type"], ev["created_at"]) for id_, ev in zip(ids, events, strict=True)]
-    add_messages(session, job, written, registered=True)
+    add_messages(session, job, written)
 
 
-def add_messages(
-    session: Session, job: Job, events: Sequence[tuple[int, str, datetime]], *, registered: bool
-) -> None:
-    """The outbox messages of `job`'s written events (id, type, time), if it or its tenant wants them.
+def wanted(job: Job, registered: bool) -> bool:
+    """Whether `job`'s events become outbox messages: it has its own webhook, or its tenant a
+    registered endpoint (`registered`, registered_column's answer)."""
+    return job.webhook is not None or registered
 
-    `registered`: whether the tenant has a registered endpoint (registered_column)."""
-    if job.webhook is None and not registered:
-        return
+
+def add_messages(session: Session, job: Job, events: Sequence[tuple[int, str, datetime]]) -> None:
+    """The outbox messages of `job`'s written events (id, type, time), woken after the commit."""
     state = snapshot(job)
     messages = [
         # A message's id is its event's; the event's time is the payload's timestamp.

@@ -16,7 +16,7 @@ from datetime import datetime
 from functools import cache
 from typing import Any, cast
 
-from sqlalchemy import ColumnElement, Uuid, and_, any_, bindparam, delete, func, inspect, true, update
+from sqlalchemy import ColumnElement, Uuid, and_, any_, bindparam, delete, func, true, update
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import Session
@@ -25,7 +25,7 @@ from models import events, outbox, transition_cte
 from models.base import utcnow
 from models.cache import settle_followers
 from models.db import rowcount
-from models.job import ACTIVE, Job, JobStatus, Stage
+from models.job import ACTIVE, Job, JobStatus, Stage, job_columns
 from models.transition_sql import Bound, statement
 
 Deadline = datetime | Bound  # a value, or an expression on the row's old values (recovery.entry_deadline)
@@ -52,11 +52,13 @@ def _where(status: str, stage: str | None = None) -> ColumnElement[bool]:
 
 @cache
 def _active() -> ColumnElement[bool]:
+    """Any active job (fail, cancel): built once, as _where."""
     return Job.status.in_(ACTIVE)
 
 
 @cache
 def _next_attempt() -> ColumnElement[int]:
+    """The row's attempt count plus one (a stage entry): built once, as _where."""
     return Job.attempts + 1
 
 
@@ -144,6 +146,9 @@ def _in_one_statement(
     at: datetime,
     shape: Hashable,
 ) -> Job | None:
+    """_transition_row as one statement (models.transition_cte), then the outbox's messages.
+
+    The job it returns is detached, not in `session`: read it, do not change it expecting a flush."""
     if not names:
         return transition_cte.without_events(session, job_id, where, values, shape)
     registered = outbox.registered_column(session)
@@ -155,7 +160,8 @@ def _in_one_statement(
     if done is None:
         return None
     job, written, has_endpoint = done
-    outbox.add_messages(session, job, [(id_, type_, at) for id_, type_ in written], registered=has_endpoint)
+    if outbox.wanted(job, has_endpoint):
+        outbox.add_messages(session, job, [(id_, type_, at) for id_, type_ in written])
     return job
 
 
@@ -209,16 +215,10 @@ def mark_published_many(session: Session, job_ids: list[uuid.UUID], at: datetime
     return rowcount(result) or 0
 
 
-@cache
-def _columns() -> list[tuple[str, str]]:
-    """(attribute, column) pairs of Job; they differ for `meta` / "metadata"."""
-    return [(prop.key, prop.columns[0].key) for prop in inspect(Job).column_attrs]
-
-
 def insert_new(session: Session, job: Job) -> None:
     """One Core INSERT of a new, fully populated job, bypassing the unit of work (the submit hot
     path: several times cheaper in CPU). `job` stays transient; set created_at/updated_at on it."""
-    values = {col: getattr(job, attr) for attr, col in _columns() if attr in job.__dict__}
+    values = {col: getattr(job, attr) for attr, col in job_columns() if attr in job.__dict__}
     session.execute(Job.__table__.insert(), [values])
 
 
@@ -230,7 +230,7 @@ def insert_many(session: Session, jobs: Sequence[Job]) -> None:
     and binds a statement of rows x columns placeholders (that cost most of a batch's INSERT).
     Elsewhere (SQLite): one multi-row VALUES.
     """
-    columns = [(attr, col) for attr, col in _columns() if attr in jobs[0].__dict__]
+    columns = [(attr, col) for attr, col in job_columns() if attr in jobs[0].__dict__]
     dialect = session.get_bind().dialect
     if dialect.name != "postgresql":
         rows = [{col: getattr(job, attr) for attr, col in columns} for job in jobs]

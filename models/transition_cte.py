@@ -33,18 +33,17 @@ from sqlalchemy import (
     select,
 )
 from sqlalchemy.dialects.postgresql import ARRAY, aggregate_order_by
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, make_transient_to_detached
 
 from models import driver_sql
 from models.base import JSONType
 from models.events import CHANNEL
-from models.job import Job, JobEvent
+from models.job import Job, JobEvent, job_columns
 from models.transition_sql import statement
 
 _MAPPER = inspect(Job)
 _TABLE = Job.__table__
 _COLUMNS = tuple(_TABLE.c)
-_ATTRS = [(prop.key, prop.columns[0].name) for prop in _MAPPER.column_attrs]  # `meta` is "metadata"
 _EVENT_COLUMNS = ["job_id", "type", "from_status", "to_status", "stage", "data", "created_at"]
 _memo: dict[Update, Select[Any]] = {}
 _memo_lock = threading.Lock()
@@ -63,8 +62,8 @@ def detached(values: Mapping[str, Any]) -> Job:
     expire_on_commit=False leaves one: attributes read without loading, and `session.add`
     attaches it, never inserts."""
     job: Job = _MAPPER.class_manager.new_instance()
-    job.__dict__.update({key: values[name] for key, name in _ATTRS})
-    inspect(job).key = _MAPPER.identity_key_from_primary_key((job.id,))
+    job.__dict__.update({attr: values[column] for attr, column in job_columns()})
+    make_transient_to_detached(job)  # its identity from the primary key; no attribute expired
     return job
 
 
@@ -103,6 +102,9 @@ def with_events(
     if row is None:
         return None
     events = list(zip(row["gq_event_ids"], row["gq_event_types"], strict=True))
+    # Postgres numbers the rows of an INSERT ... SELECT ... ORDER BY in that order; if it ever
+    # did not, the messages (each paired with its own event) would go out of order: fail loudly.
+    assert [type_ for _, type_ in events] == list(names), events
     return detached(row), events, bool(row["gq_registered"])
 
 
@@ -135,7 +137,7 @@ def _around(update: Update) -> Select[Any]:
         )
         ids = select(func.array_agg(aggregate_order_by(written.c.id, written.c.id))).scalar_subquery()
         types = select(func.array_agg(aggregate_order_by(written.c.type, written.c.id))).scalar_subquery()
-        # Delivered on commit, like events.notify: the job's streams read the new rows.
+        # Delivered on commit, the payload events.notify's (the id as text; events.parse reads it).
         notified = func.pg_notify(bindparam("ev_channel", type_=String), cast(moved.c.id, Text))
         stmt = select(
             moved, ids.label("gq_event_ids"), types.label("gq_event_types"), notified.label("gq_notified")

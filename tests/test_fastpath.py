@@ -229,4 +229,4 @@ def test_a_driver_read_that_loses_the_database_answers_503(client, monkeypatch) 
     resp = client.get(f"/v1/jobs/{job['id']}")
     assert resp.status_code == 503 and int(resp.headers["Retry-After"]) > 0
     monkeypatch.undo()
-    assert client.get(f"/v1/jobs/{job['id']}").status_code == 200  # a new connection, then
+    assert client.get(f"/v1/jobs/{job['id']}").status_code == 200  # the next read answers

@@ -4,7 +4,7 @@ from __future__ import annotations
 import uuid
 
 import psycopg
-from sqlalchemy import event, select
+from sqlalchemy import select
 
 from models import Job, JobEvent, states
 from models.db import transaction
@@ -80,28 +80,48 @@ def test_both_paths_leave_the_same_row_events_and_outbox_messages(sessions) -> N
     assert fast_messages[0][2]["status"] == "running" and fast_messages[-1][2]["status"] == "succeeded"
 
 
-def test_a_transition_with_events_is_one_statement_and_notifies_on_commit(sessions, engine, settings) -> None:
+def test_a_transition_with_events_is_one_statement_and_notifies_on_commit(
+    sessions, settings, monkeypatch
+) -> None:
     jid = _job(sessions)
-    statements: list[str] = []
+    sent: list[str] = []
+    execute = psycopg.Cursor.execute
 
-    def count(conn, cursor, statement, parameters, context, executemany) -> None:
-        statements.append(statement)
+    def counted(self, query, *args, **kwargs):
+        sent.append(str(query))
+        return execute(self, query, *args, **kwargs)
 
-    listen_url = settings.database_url.replace("postgresql+psycopg://", "postgresql://")
-    with psycopg.connect(listen_url, autocommit=True) as listener:
+    with psycopg.connect(_plain(settings.database_url), autocommit=True) as listener:
         listener.execute(f"LISTEN {CHANNEL}")
-        event.listen(engine, "before_cursor_execute", count)
-        try:
-            with transaction(sessions) as s:
-                assert states.start_text(s, jid) is not None
-                assert not list(listener.notifies(timeout=0.2, stop_after=1)), "delivered before commit"
-        finally:
-            event.remove(engine, "before_cursor_execute", count)
+        monkeypatch.setattr(psycopg.Cursor, "execute", counted)
+        with transaction(sessions) as s:
+            assert states.start_text(s, jid) is not None
+            assert not list(listener.notifies(timeout=0.2, stop_after=1)), "delivered before commit"
+        monkeypatch.undo()
         notes = list(listener.notifies(timeout=5, stop_after=1))
-    # The UPDATE, the event and the webhook's outbox message: two statements, not five.
-    assert len(statements) == 2, statements
-    assert "pg_notify" in statements[0] and "INSERT INTO job_events" in statements[0]
+    # On the driver (models.driver_sql): the UPDATE with its event and notification, then the
+    # webhook's outbox message; two statements, not five.
+    assert len(sent) == 2, sent
+    assert "pg_notify" in sent[0] and "INSERT INTO job_events" in sent[0] and "webhook_messages" in sent[1]
     assert [n.payload for n in notes] == [str(jid)]
+
+
+def _plain(url: str) -> str:
+    return url.replace("postgresql+psycopg://", "postgresql://")
+
+
+def test_a_resume_without_an_event_leaves_the_row_the_orm_path_leaves(sessions) -> None:
+    fast, orm = _job(sessions), _job(sessions)
+    rows = []
+    for jid, hold in ((fast, False), (orm, True)):
+        with transaction(sessions) as s:
+            held = s.get(Job, jid) if hold else None
+            assert states.start_text(s, jid) is not None
+            resumed = states.resume_stage(s, jid, states.Stage.TEXT)
+            assert resumed is not None and (resumed is held) == hold
+            rows.append(_row(resumed))
+    assert rows[0] == rows[1] and rows[0]["attempts"] == 2
+    assert [e[1] for e in _written(sessions, fast)[0]] == ["job.started"]  # a resume logs no event
 
 
 def test_a_transition_that_does_not_happen_writes_and_notifies_nothing(sessions) -> None:
@@ -134,25 +154,29 @@ def test_a_job_held_in_the_session_is_refreshed_by_the_orm_path(sessions) -> Non
         assert held.status == "running" and held.attempts == 1
 
 
-def test_a_transition_that_loses_the_database_raises_a_transient_error(sessions, monkeypatch) -> None:
-    """Through the driver (models.driver_sql) an outage is SQLAlchemy's error, which the workers
-    retry (tasks.contract.transient), not a bare driver error."""
+def test_a_transition_that_loses_the_database_raises_a_transient_error(sessions, settings) -> None:
+    """Through the driver (models.driver_sql) a server gone is SQLAlchemy's error, which the
+    workers retry (tasks.contract.transient), and its connection is invalidated, not reused."""
+    import time
+
     import pytest
     import sqlalchemy.exc
+    from sqlalchemy import text
 
     from tasks.contract.transient import is_transient
 
     jid = _job(sessions)
-
-    def down(*args, **kwargs):
-        raise psycopg.OperationalError("server closed the connection unexpectedly")
-
-    with sessions() as s, s.begin():
-        s.connection()
-        monkeypatch.setattr(psycopg.Connection, "execute", down)
+    s = sessions()
+    try:
+        pid = s.execute(text("SELECT pg_backend_pid()")).scalar()
+        with psycopg.connect(_plain(settings.database_url), autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            while admin.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone():
+                time.sleep(0.01)
         with pytest.raises(sqlalchemy.exc.OperationalError) as raised:
             states.start_text(s, jid)
-        monkeypatch.undo()
-        assert is_transient(raised.value)
+        assert raised.value.connection_invalidated and is_transient(raised.value)
+    finally:
+        s.close()
     with transaction(sessions) as s:
-        assert states.start_text(s, jid) is not None  # a new connection, then
+        assert states.start_text(s, jid) is not None  # a new connection, and the job still queued
