@@ -21,7 +21,7 @@ import weakref
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from models import states
+from models import job_writes
 from models.base import utcnow
 from models.db import transaction
 
@@ -59,7 +59,7 @@ class PublishedMarks:
             return 0
         try:
             with transaction(self.sessions) as s:
-                return states.mark_published_many(s, ids, utcnow())
+                return job_writes.mark_published_many(s, ids, utcnow())
         except Exception:
             log.exception("published_at not recorded for %d jobs (the reaper republishes them)", len(ids))
             return 0

@@ -33,7 +33,7 @@ from app.models_api import model_swaps
 from app.prompt_check import PromptCheck
 from app.schemas import AnyJobCreate, complete_params, field_errors, parse_job
 from app.services import extension, services
-from models import Job, JobStatus, cache, states, variants
+from models import Job, JobStatus, cache, job_writes, states, variants
 from models import catalog as model_catalog
 from models.db import autocommit, transaction
 from models.job import TERMINAL
@@ -118,7 +118,7 @@ def prepare(who: Principal, req: Request, now: datetime) -> Submission:
         prompt=req.prompt,
         params=params,
         # Set on every job, even one naming no model: a batch's multi-row INSERT takes its
-        # columns from the first job (states.insert_many).
+        # columns from the first job (job_writes.insert_many).
         models={stage: {"asked": model_id} for stage, model_id in models.items()},
         priority=req.priority or "normal",
         meta=req.metadata or {},
@@ -156,9 +156,9 @@ def record(subs: Sequence[Submission], idem: Idempotency | None, batch: bool = F
     with unit(svc.sessions) as s:
         queue_counts().totals(s)  # refreshed at most once per TTL, before these jobs are counted
         if len(plain) == 1:
-            states.insert_new(s, plain[0])
+            job_writes.insert_new(s, plain[0])
         elif plain:
-            states.insert_many(s, plain)
+            job_writes.insert_many(s, plain)
         if keyed:
             cache.lock_keys(s, [sub.cache_key for sub in keyed if sub.cache_key])
         for sub in keyed:
@@ -175,7 +175,7 @@ def _insert_cacheable(s: Session, sub: Submission) -> None:
     source = cache.find_source(s, sub.cache_key, svc.storage, sub.job.tenant_id)
     if source is None:
         sub.job.cache_key = sub.cache_key
-        states.insert_new(s, sub.job)
+        job_writes.insert_new(s, sub.job)
     else:
         cache.attach(s, sub.job, source)
 
