@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from sqlalchemy import func, select
 
 from models import Job
-from tasks.contract.prompt_limit import MAX_PROMPT_TOKENS, PromptCounter, counter_for
+from tasks.contract.prompt_limit import MAX_PROMPT_TOKENS, PromptCounter, counter_for, render
 
 EMOJI = "\U0001f600" * 4000  # the reported case: 4000 characters, 12067 tokens once rendered
 # Emoji (3 tokens each) and words: the limit falls inside 4000 characters.
@@ -124,6 +124,30 @@ def test_the_counter_is_cached_and_never_imports_torch(model_cache, counter):
 def test_models_without_a_known_tokenizer_are_not_checked(tmp_path):
     assert counter_for("echo") is None
     assert counter_for(str(tmp_path)) is None  # a directory without tokenizer.json
+
+
+TEMPLATE_BITS = st.sampled_from(["{{ x }}", "{%", "<|im_end|>", "\n"])
+
+
+@given(prompt=st.lists(st.one_of(st.text(max_size=30), TEMPLATE_BITS), min_size=1, max_size=8).map("".join))
+@settings(max_examples=200, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+def test_the_frame_renders_what_the_template_renders(counter, prompt):
+    # The counter puts a prompt between the template's rendered frame instead of rendering it.
+    assert counter.frame is not None
+    assert counter.rendered(prompt) == render(counter.chat_template, prompt.strip())[0]
+
+
+@pytest.mark.parametrize("template", [
+    "{% for m in messages %}{{ m.content | upper }}{% endfor %}",  # changes the prompt
+    "{% for m in messages %}{{ m.content }}{{ m.content }}{% endfor %}",  # writes it twice
+    "{% for m in messages %}{% if 'x' in m.content %}X{% endif %}{{ m.content }}{% endfor %}",  # reads it
+])  # fmt: skip
+def test_a_template_that_does_more_than_place_the_prompt_is_rendered_each_time(counter, template):
+    other = PromptCounter(counter.tokenizer, template)
+    assert other.frame is None
+    for prompt in ("a fox", "x marks the spot", "  padded  "):
+        assert other.rendered(prompt) == render(template, prompt.strip())[0]
+        assert other.count(prompt) == len(counter.tokenizer.encode(other.rendered(prompt)).ids)
 
 
 # --- the worker agrees ------------------------------------------------------------------------

@@ -91,6 +91,31 @@ def render(chat_template: str | None, prompt: str, system_prompt: str = SYSTEM_P
         return template.render(messages=merged, add_generation_prompt=True), False
 
 
+# Probes of the template's frame (`_frame`): markup-like, the tags real templates look for in a
+# message (tool responses, reasoning), multi-line, non-ASCII, padded.
+_PROBES = (
+    "{{ x }} {% raw %}<|im_end|>", "<tool_response>x</tool_response> <think></think>", "line one\n\nline two",
+    "caf\u00e9 \U0001f98a", "  spaced  ",
+)  # fmt: skip
+_SLOT = "\u2063slot\u2063"  # stands for the prompt in the frame; no probe or system prompt holds it
+
+
+def _frame(chat_template: str | None) -> tuple[str, str] | None:
+    """(before, after): the template's text around the user's prompt, when rendering puts the
+    prompt in verbatim, once, whatever it says (checked on probes); None for any other template.
+
+    Rendering the chat template (a sandboxed jinja2 template) per prompt was a twelfth of a
+    batch submit's CPU; with the frame a prompt's rendered text is one concatenation.
+    """
+    text, _ = render(chat_template, _SLOT)
+    if text.count(_SLOT) != 1:
+        return None
+    before, after = text.split(_SLOT)
+    if any(render(chat_template, probe)[0] != before + probe + after for probe in _PROBES):
+        return None
+    return before, after
+
+
 class PromptCounter:
     """Counts a prompt's tokens as the text adapter will, with a tokenizers.Tokenizer."""
 
@@ -102,14 +127,22 @@ class PromptCounter:
         self.byte_level = config.get("normalizer") is None and "ByteLevel" in json.dumps(
             config.get("pre_tokenizer")
         )
+        self.special = render(chat_template, _SLOT)[1]  # depends on the template alone
+        self.frame = _frame(chat_template)
+
+    def rendered(self, prompt: str) -> str:
+        """The text the adapter tokenizes for `prompt` (render's, through the frame when there is one)."""
+        prompt = prompt.strip()
+        if self.frame is None:
+            return render(self.chat_template, prompt)[0]
+        return self.frame[0] + prompt + self.frame[1]
 
     def count(self, prompt: str) -> int:
-        text, special = render(self.chat_template, prompt.strip())
-        return len(self.tokenizer.encode(text, add_special_tokens=special).ids)
+        return len(self.tokenizer.encode(self.rendered(prompt), add_special_tokens=self.special).ids)
 
     def too_long(self, prompt: str) -> int | None:
         """The prompt's token count when it is over the limit, else None; short ones are not tokenized."""
-        text, special = render(self.chat_template, prompt.strip())
+        text, special = self.rendered(prompt), self.special
         if self.byte_level and len(text.encode("utf-8")) + (2 if special else 0) <= self.limit:
             return None  # + BOS/EOS at most
         n = len(self.tokenizer.encode(text, add_special_tokens=special).ids)
