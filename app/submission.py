@@ -99,7 +99,7 @@ def validate(body: Any, at: str = "") -> tuple[Request | None, FieldErrors]:
 
 @dataclass
 class Submission:
-    job: Job  # transient, fully populated: written by one Core INSERT
+    job: Job  # transient (job_writes.new_job): written by one Core INSERT
     cache_key: str | None  # set when the result cache is looked up for it
     running: dict[str, str]  # stage -> the model id it runs, defaults included (plan allowed_models)
 
@@ -110,21 +110,18 @@ def prepare(who: Principal, req: Request, now: datetime) -> Submission:
     settings, models_in = services().settings, catalog()
     params = complete_params(req, settings)
     models = choose_models(models_in, req.modality, req.model)
-    job = Job(
+    job = job_writes.new_job(
         id=uuid.uuid4(),
         tenant_id=who.tenant_id,
         status=JobStatus.QUEUED,
         modality=req.modality,
         prompt=req.prompt,
         params=params,
-        # Set on every job, even one naming no model: a batch's multi-row INSERT takes its
-        # columns from the first job (job_writes.insert_many).
         models={stage: {"asked": model_id} for stage, model_id in models.items()},
         priority=req.priority or "normal",
         meta=req.metadata or {},
         webhook=req.webhook.model_dump(exclude_none=True) if req.webhook else None,
-        variants=variants.slots(params),  # set on every job, as `models` is (insert_many's columns)
-        cache_key=None,  # likewise
+        variants=variants.slots(params),
         progress=0,
         attempts=0,
         recoveries=0,

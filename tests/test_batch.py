@@ -60,6 +60,35 @@ def test_a_batch_answers_202_with_its_jobs_in_order(client, sessions, broker):
     assert len(broker_messages(broker, "text")) == 4  # one message per job, none for the batch
 
 
+@pytest.mark.parametrize("job", [
+    VIDEO | {"params": SMALL | {"seed": 7, "variants": ["webm"]}, "metadata": {"k": "v"}, "priority": "high",
+             "webhook": {"url": "http://127.0.0.1:9/hook"}, "cache": False},
+    TEXT | {"cache": False},  # no seed, webhook, variants or metadata: the nullable columns left out
+])  # fmt: skip
+def test_a_batch_job_is_stored_as_a_single_submit_stores_it(make_app, sessions, broker, job):
+    client = make_app(webhook_allow_private=True).test_client()
+    resp = submit(client, **job)
+    assert resp.status_code == 202, resp.get_data(as_text=True)
+    single = resp.get_json()["id"]
+    batched = ids(post(client, [job, job]))
+    with sessions() as s:
+        rows = {
+            str(r["id"]): r
+            for r in s.execute(select(Job.__table__).where(Job.id.in_([single, *batched]))).mappings()
+        }
+        # SQL NULL, not a JSON null, where a job has no webhook or variants
+        nulls = s.execute(
+            select(Job.id).where(Job.id.in_([single, *batched]), Job.webhook.is_(None), Job.variants.is_(None))
+        ).all()
+    differ = {"id", "created_at", "updated_at", "queue_seq", "published_at", "params"}
+    for jid in batched:
+        same = {k: v for k, v in rows[jid].items() if k not in differ}
+        assert same == {k: v for k, v in rows[single].items() if k not in differ}
+        assert rows[jid]["params"] | {"seed": 0} == rows[single]["params"] | {"seed": 0}  # seeds drawn apart
+        assert rows[jid]["queue_seq"] > rows[single]["queue_seq"]
+    assert len(nulls) == (0 if "webhook" in job else 3)
+
+
 def test_positions_follow_priority_then_order(client):
     assert submit(client).status_code == 202  # one normal job queued before the batch
     jobs = [TEXT | {"priority": p} for p in ("low", "normal", "high", "normal")]
