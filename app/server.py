@@ -21,6 +21,7 @@ worker.
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import re
@@ -107,6 +108,11 @@ class HardenedGeventWorker(GeventWorker):
     def load_wsgi(self) -> None:
         # Runs after gevent has patched this process (GeventWorker.init_process), like the app.
         super().load_wsgi()
+        # Everything loaded so far (the app, its libraries) lives as long as the process: out of
+        # the collector's sight, a full collection no longer walks it. Those walks were a fifth of
+        # a 500-job batch's CPU (62 of 317 us per job, measured in process), and a cost per
+        # request that grew with whatever the process had loaded.
+        gc.freeze()
         from models.settings import Settings
 
         settings = Settings()
