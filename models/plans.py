@@ -32,6 +32,10 @@ class Violation:
         return f"{self.asked!r} is beyond the plan limit {self.limit}={self.allowed!r}"
 
 
+_EFFECTIVE_MAX = 4096  # remembered effective plans (one per settings object and distinct overrides)
+_EFFECTIVE: dict[tuple[int, tuple[tuple[str, Any], ...]], tuple[Settings, Plan]] = {}
+
+
 @dataclass(frozen=True)
 class Plan:
     rate_limit: str  # per API key, in the limits library's notation: "100/second;3000/minute"
@@ -52,9 +56,26 @@ class Plan:
 
     @classmethod
     def effective(cls, settings: Settings, overrides: dict[str, Any] | None) -> Plan:
-        """The configured default plan with a tenant's stored overrides applied."""
-        known = {k: v for k, v in (overrides or {}).items() if k in PLAN_FIELDS}
-        return dataclasses.replace(cls.default(settings), **known)
+        """The configured default plan with a tenant's stored overrides applied.
+
+        Remembered per settings object and overrides (a request asked for it two or three times,
+        each built from every plan setting: about 4% of a submit's web CPU). Settings are not
+        changed in place once a process runs; a changed one is a new object (model_copy).
+        """
+        known = tuple(sorted((k, v) for k, v in (overrides or {}).items() if k in PLAN_FIELDS))
+        key = (id(settings), known)
+        try:
+            held, plan = _EFFECTIVE[key]
+        except KeyError:
+            held = None
+        except TypeError:  # an override that is not hashable (a list): not remembered
+            return dataclasses.replace(cls.default(settings), **dict(known))
+        if held is not settings:
+            plan = dataclasses.replace(cls.default(settings), **dict(known))
+            if len(_EFFECTIVE) >= _EFFECTIVE_MAX:
+                _EFFECTIVE.clear()
+            _EFFECTIVE[key] = (settings, plan)  # the settings held: their id is not reused meanwhile
+        return plan
 
     def allows(self, stage: str, model_id: str) -> bool:
         """Whether jobs may run model `model_id` in `stage`."""

@@ -77,9 +77,8 @@ def test_a_batch_job_is_stored_as_a_single_submit_stores_it(make_app, sessions, 
             for r in s.execute(select(Job.__table__).where(Job.id.in_([single, *batched]))).mappings()
         }
         # SQL NULL, not a JSON null, where a job has no webhook or variants
-        nulls = s.execute(
-            select(Job.id).where(Job.id.in_([single, *batched]), Job.webhook.is_(None), Job.variants.is_(None))
-        ).all()
+        none = (Job.webhook.is_(None), Job.variants.is_(None))
+        nulls = s.execute(select(Job.id).where(Job.id.in_([single, *batched]), *none)).all()
     differ = {"id", "created_at", "updated_at", "queue_seq", "published_at", "params"}
     for jid in batched:
         same = {k: v for k, v in rows[jid].items() if k not in differ}

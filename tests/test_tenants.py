@@ -245,3 +245,16 @@ def test_second_tenant_key_helper(sessions):
     with sessions() as s:
         principal = authenticate(s, key)
     assert principal is not None and principal.plan_overrides == {"max_width": 256}
+
+
+def test_an_effective_plan_follows_its_settings_and_overrides(settings):
+    from models.plans import Plan
+
+    first = Plan.effective(settings, {"max_width": 256, "unknown": 1})
+    assert first is Plan.effective(settings, {"unknown": 2, "max_width": 256})  # remembered
+    assert first.max_width == 256 and first.max_height == settings.plan_max_height
+    other = settings.model_copy(update={"plan_max_height": 128})
+    assert Plan.effective(other, {"max_width": 256}).max_height == 128  # a new settings object
+    assert Plan.effective(settings, {"max_width": 512}).max_width == 512
+    listed = Plan.effective(settings, {"allowed_models": ["echo"]})  # not hashable: built each time
+    assert listed.allowed_models == ["echo"] and listed.max_width == settings.plan_max_width
