@@ -12,6 +12,7 @@ With Redis down the quota falls back to counting in Postgres (not atomic, but av
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -20,10 +21,11 @@ from collections.abc import Iterator
 from typing import Any, Protocol, cast
 
 import redis
-from sqlalchemy import func, select
+from sqlalchemy import Select, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from models import Job
+from models.db import among
 from models.job import ACTIVE
 
 log = logging.getLogger("genqueue.api")
@@ -157,6 +159,11 @@ class MemoryStore:
             return True
 
 
+@functools.cache
+def _statuses(on_postgres: bool) -> Select[uuid.UUID, str]:
+    return select(Job.id, Job.status).where(among(Job.id, "ids", on_postgres))
+
+
 class ActiveJobs:
     """Reserve a slot for a job before its row is written; release it if the submit fails."""
 
@@ -202,9 +209,8 @@ class ActiveJobs:
         cutoff = time.time() - GRACE_S
         for chunk in self.store.chunks(key, CHUNK):
             with self.sessions() as s:
-                rows: Any = s.execute(
-                    select(Job.id, Job.status).where(Job.id.in_([uuid.UUID(m) for m in chunk]))
-                ).all()
+                stmt = _statuses(s.get_bind().dialect.name == "postgresql")
+                rows: Any = s.execute(stmt, {"ids": [uuid.UUID(m) for m in chunk]}).all()
             status = {str(r.id): r.status for r in rows}
             gone = [
                 m

@@ -10,26 +10,22 @@ from datetime import datetime
 from functools import cache
 from typing import Any
 
-from sqlalchemy import Uuid, any_, bindparam, inspect, update
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy import bindparam, inspect, update
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.instrumentation import manager_of_class
 
 from models.base import utcnow
-from models.db import rowcount
+from models.db import among, rowcount
 from models.job import Job, JobStatus, job_columns
 
 
 @cache
-def _mark_many_stmt(as_array: bool) -> Any:
-    # On Postgres the ids go as one uuid[] parameter (`= ANY`): an IN list of hundreds of
-    # placeholders cost SQLAlchemy and psycopg more CPU to render and parse than the UPDATE itself.
-    ids = bindparam("ids", type_=ARRAY(Uuid)) if as_array else bindparam("ids", expanding=True)
+def _mark_many_stmt(on_postgres: bool) -> Any:
     return (
         update(Job)
         .where(
-            Job.id == any_(ids) if as_array else Job.id.in_(ids),
+            among(Job.id, "ids", on_postgres),
             Job.status == JobStatus.QUEUED,
             Job.published_at.is_(None),
         )
