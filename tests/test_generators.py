@@ -257,6 +257,26 @@ def test_encode_mp4_roundtrip(tmp_path: Path) -> None:
     assert head.index(b"moov") < 64  # +faststart: the index precedes the media data
 
 
+def test_a_small_clip_encodes_on_one_thread_to_the_same_video(tmp_path: Path) -> None:
+    av = pytest.importorskip("av")
+    from tasks.media import ONE_THREAD_PIXELS, encode_h264
+
+    ramp = np.linspace(0, 255, 64 * 48 * 3).reshape(48, 64, 3)
+    frames = np.stack([np.roll(ramp, 4 * i, axis=1) for i in range(9)]).astype(np.uint8)
+    assert frames[..., 0].size <= ONE_THREAD_PIXELS  # encode_mp4 picks one thread for it
+
+    def decoded(one_thread: bool) -> np.ndarray:
+        path = tmp_path / f"{one_thread}.mp4"
+        encode_h264(str(path), frames, 8, one_thread=one_thread)
+        with av.open(str(path)) as container:
+            return np.stack([f.to_ndarray(format="rgb24") for f in container.decode(video=0)])
+
+    one, pooled = decoded(True), decoded(False)
+    assert one.shape == pooled.shape == frames.shape
+    # The same picture within the codec's loss either way (threads change rate control only).
+    assert np.abs(one.astype(int) - frames).mean() < 4 and np.abs(pooled.astype(int) - frames).mean() < 4
+
+
 def test_encode_mp4_odd_size_and_bad_input(tmp_path: Path) -> None:
     info = encode_mp4(np.zeros((5, 15, 17, 3), np.uint8), 4, str(tmp_path / "odd.mp4"))
     assert (info["width"], info["height"]) == (18, 16)  # padded to even sides for yuv420p
