@@ -9,10 +9,11 @@ import uuid
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 from app import server
 from models import IdempotencyKey, Job
+from models.tenant import DEFAULT_TENANT_ID
 from tests.support.api import assert_problem, authed_client_class, make_api_key, submit
 from tests.support.jobs import FINISHED, broker_messages, events, wait_all_done
 from tests.support.procs import wait_for
@@ -86,6 +87,28 @@ def test_a_batch_job_is_stored_as_a_single_submit_stores_it(make_app, sessions, 
         assert rows[jid]["params"] | {"seed": 0} == rows[single]["params"] | {"seed": 0}  # seeds drawn apart
         assert rows[jid]["queue_seq"] > rows[single]["queue_seq"]
     assert len(nulls) == (0 if "webhook" in job else 3)
+
+
+def test_a_batchs_published_marks_touch_no_index(sessions):
+    # jobs has fillfactor 50 (migration 0015): each row's first update finds room on its page and
+    # changes no indexed column, so it is heap-only (HOT). In full pages it was not, and each mark
+    # wrote an entry in each of the table's indexes.
+    from models import job_writes
+    from models.base import utcnow
+
+    now = utcnow()
+    fixed = {"tenant_id": DEFAULT_TENANT_ID, "status": "queued", "modality": "text", "priority": "normal",
+             "progress": 0, "meta": {}, "attempts": 0, "recoveries": 0, "cached": False, "created_at": now,
+             "updated_at": now}  # fmt: skip
+    jobs = [
+        job_writes.new_job(id=uuid.uuid4(), prompt=f"a fox {i} " * 20, params={"seed": i}, **fixed)
+        for i in range(500)
+    ]
+    with sessions() as s, s.begin():
+        job_writes.insert_many(s, jobs)
+        assert job_writes.mark_published_many(s, [j.id for j in jobs]) == 500
+        hot = s.scalar(text("SELECT pg_stat_get_xact_tuples_hot_updated('jobs'::regclass)"))
+    assert hot == 500
 
 
 def test_positions_follow_priority_then_order(client):
