@@ -8,6 +8,7 @@ job's params are complete and the job can be reproduced exactly.
 
 from __future__ import annotations
 
+import re
 import secrets
 import unicodedata
 from datetime import datetime
@@ -42,6 +43,9 @@ METADATA_MAX_CHARS = 256
 DEFAULT_SHOTS = 4  # a storyboard's, when params.shots is omitted
 PROMPT_MAX_CHARS = 4000  # the documented default; Settings.prompt_max_chars is enforced
 _KEEP_CONTROL = {"\n", "\t"}
+# Unicode's Cc (control: U+0000-001F, U+007F-009F) and Cs (surrogates: U+D800-DFFF) but for
+# _KEEP_CONTROL: one scan in C instead of a category lookup per character (16 us a prompt).
+_DROPPED = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
 _STATUS = "(queued|running|succeeded|failed|canceled)"
 
 
@@ -212,7 +216,7 @@ class JobCreateBase(Strict):
     def _clean_prompt(cls, v: str, info: ValidationInfo) -> str:
         v = unicodedata.normalize("NFC", v).replace("\r\n", "\n")
         # Cc: control characters (NUL cannot even be stored); Cs: lone surrogates, not encodable.
-        v = "".join(c for c in v if c in _KEEP_CONTROL or unicodedata.category(c) not in ("Cc", "Cs")).strip()
+        v = _DROPPED.sub("", v).strip()
         if not v:
             raise PydanticCustomError("blank", "must not be blank")
         settings = (info.context or {}).get("settings")

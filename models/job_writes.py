@@ -3,13 +3,13 @@ published marks the API records in batches. The state machine's transitions are 
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from functools import cache
 from typing import Any
 
+from pydantic_core import to_json
 from sqlalchemy import bindparam, inspect, update
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import Session
@@ -104,7 +104,9 @@ def insert_many(session: Session, jobs: Sequence[Job]) -> None:
     for attr, col in columns:
         values = [s.get(attr) for s in states]
         if col in json_columns:  # sent as text[], cast to jsonb[] by the statement
-            values = [None if v is None else json.dumps(v) for v in values]
+            # pydantic's JSON writer (Rust): a quarter of json.dumps's CPU; jsonb keeps the value,
+            # not the text's spacing.
+            values = [None if v is None else to_json(v).decode() for v in values]
         arrays.append(values)
     session.connection().exec_driver_sql(sql, tuple(arrays))
 

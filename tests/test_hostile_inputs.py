@@ -410,3 +410,17 @@ JSON_VALUES = st.recursive(
 def test_property_cursor_contents_never_5xx(api, value):
     resp = api.get(f"/v1/jobs?cursor={_cursor(value)}")
     assert resp.status_code in (200, 422), resp.get_data(as_text=True)
+
+
+def test_the_prompt_drops_exactly_control_and_surrogate_characters() -> None:
+    # app.schemas drops Unicode's Cc and Cs (but newline and tab) with one character class: checked
+    # against the categories over every code point.
+    import unicodedata
+
+    from app.schemas import _DROPPED, _KEEP_CONTROL
+
+    def dropped(c: str) -> bool:
+        return c not in _KEEP_CONTROL and unicodedata.category(c) in ("Cc", "Cs")
+
+    wrong = [hex(cp) for cp in range(0x110000) if bool(_DROPPED.match(chr(cp))) != dropped(chr(cp))]
+    assert wrong == []
