@@ -5,8 +5,11 @@ were admitted), so every web process sees the same count and a Lua script checks
 atomically: two concurrent submits cannot both take the last slot. Jobs finish in the workers,
 which know nothing of this, so the set is reconciled against Postgres (the truth): at most
 every SYNC_S seconds per tenant, and always before a job is refused, so a refusal is exact.
-Reconciling drops ids whose job has finished and ids that never became a row (a submit that
-failed) once older than GRACE_S, and adds active jobs the set lacks (Redis was flushed).
+A full reconciliation drops ids whose job has finished and ids that never became a row (a submit
+that failed) once older than GRACE_S, and adds active jobs the set lacks (Redis was flushed).
+It reads every id in the set, so its cost grows with the tenant's backlog: the periodic one is
+full only every FULL_SYNC_S per process and tenant, and in between drops just the jobs that
+finished since the process's last look (by `completed_at`, an index) and adds what is missing.
 With Redis down the quota falls back to counting in Postgres (not atomic, but available).
 """
 
@@ -18,19 +21,25 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from typing import Any, Protocol, cast
 
 import redis
-from sqlalchemy import Select, func, select
+from sqlalchemy import Select, bindparam, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from models import Job
+from models.base import utcnow
 from models.db import among
 from models.job import ACTIVE
 
 log = logging.getLogger("genqueue.api")
 
 SYNC_S = 5.0
+FULL_SYNC_S = 60.0  # a full reconciliation at least this often (per process and tenant)
+# Finished jobs are looked up from this long before the last look: a finish committed late, or
+# stamped by a worker whose clock runs behind (a longer lag is left to the next full one).
+FINISHED_MARGIN_S = 30.0
 GRACE_S = 60.0  # longer than any submit takes between reserving and committing its row
 CHUNK = 500  # ids per reconciliation step: memory stays flat however large the backlog grows
 
@@ -164,12 +173,20 @@ def _statuses(on_postgres: bool) -> Select[uuid.UUID, str]:
     return select(Job.id, Job.status).where(among(Job.id, "ids", on_postgres))
 
 
+@functools.cache
+def _finished() -> Select[uuid.UUID]:
+    # ix_jobs_completed_at finds them; every finishing transition sets completed_at (models.states).
+    return select(Job.id).where(Job.completed_at >= bindparam("since"), Job.tenant_id == bindparam("tenant"))
+
+
 class ActiveJobs:
     """Reserve a slot for a job before its row is written; release it if the submit fails."""
 
     def __init__(self, storage_uri: str, sessions: sessionmaker[Session]) -> None:
         self.store: _Store = MemoryStore() if storage_uri.startswith("memory") else RedisStore(storage_uri)
         self.sessions = sessions
+        # key -> (when this process last looked for finished jobs, monotonic time of its last full one)
+        self._looked: dict[str, tuple[datetime, float]] = {}
 
     @staticmethod
     def _key(tenant_id: uuid.UUID) -> str:
@@ -184,7 +201,11 @@ class ActiveJobs:
             added = self.store.reserve_unless_due(key, members, time.time(), limit, SYNC_S)
             if added == 1:
                 return True, -1
-            self._sync(tenant_id, key)  # due, or full: refuse only on fresh numbers
+            if added == DUE:
+                self._sync(tenant_id, key)  # the periodic one: full only every FULL_SYNC_S
+                if self.store.try_add(key, members, time.time(), limit):
+                    return True, -1
+            self._sync(tenant_id, key, full=True)  # refuse only on fresh numbers
             if self.store.try_add(key, members, time.time(), limit):
                 return True, -1
             return False, self.store.count(key)
@@ -204,8 +225,25 @@ class ActiveJobs:
             stmt = select(func.count()).where(Job.tenant_id == tenant_id, Job.status.in_(ACTIVE))
             return int(s.scalar(stmt) or 0)
 
-    def _sync(self, tenant_id: uuid.UUID, key: str) -> None:
-        """Make the set match Postgres, CHUNK ids at a time (its size is the tenant's backlog)."""
+    def _sync(self, tenant_id: uuid.UUID, key: str, full: bool = False) -> None:
+        """Make the set match Postgres: in full (`full`, the first time, every FULL_SYNC_S), else by
+        dropping the jobs finished since this process last looked. Both add what the set lacks."""
+        looked, now = self._looked.get(key), utcnow()
+        if full or looked is None or time.monotonic() - looked[1] >= FULL_SYNC_S:
+            self._full_sync(key)
+            self._looked[key] = (now, time.monotonic())
+        else:
+            since = looked[0] - timedelta(seconds=FINISHED_MARGIN_S)
+            with self.sessions() as s:
+                done = s.scalars(_finished(), {"tenant": tenant_id, "since": since}).all()
+            for start in range(0, len(done), CHUNK):
+                self.store.remove(key, [str(j) for j in done[start : start + CHUNK]])
+            self._looked[key] = (now, looked[1])
+        self._add_missing(tenant_id, key)
+
+    def _full_sync(self, key: str) -> None:
+        """Drop every id whose job has finished or never came, CHUNK ids at a time (the set's
+        size is the tenant's backlog)."""
         cutoff = time.time() - GRACE_S
         for chunk in self.store.chunks(key, CHUNK):
             with self.sessions() as s:
@@ -218,6 +256,9 @@ class ActiveJobs:
                 if (m in status and status[m] not in ACTIVE) or (m not in status and admitted < cutoff)
             ]
             self.store.remove(key, gone)
+
+    def _add_missing(self, tenant_id: uuid.UUID, key: str) -> None:
+        """Add the tenant's active jobs the set lacks (Redis lost it), when its count says so."""
         if self._count(tenant_id) <= self.store.count(key):
             return  # nothing is missing (the usual case): no need to list the active jobs
         active = select(Job.id).where(Job.tenant_id == tenant_id, Job.status.in_(ACTIVE))

@@ -8,6 +8,7 @@ import uuid
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from sqlalchemy import func, select
 
 from app.admission import admission
@@ -205,11 +206,50 @@ def test_quota_reconciles_a_large_set_a_chunk_at_a_time(app, tenant_client, sess
     key = store._key(tenant)
     ghost = str(uuid.uuid4())  # a reservation whose row never came, long ago
     broker.zadd(key, {ghost: 1.0})
-    store._sync(tenant, key)
+    store._sync(tenant, key, full=True)
     assert {m.decode() for m in broker.zrange(key, 0, -1)} == {str(j) for j in ids[5:]}
     broker.delete(key)  # Redis lost the set: the active jobs come back, in chunks
     store._sync(tenant, key)
     assert {m.decode() for m in broker.zrange(key, 0, -1)} == {str(j) for j in ids[5:]}
+
+
+def test_the_periodic_reconciliation_reads_finished_jobs_not_the_whole_set(
+    app, tenant_client, sessions, broker, monkeypatch
+):
+    # Between full reconciliations (FULL_SYNC_S) the set is not read: the jobs finished since the
+    # process last looked are dropped, however large the tenant's backlog.
+    from app import quota
+
+    client = tenant_client("acme", max_active_jobs=100)
+    ids = [uuid.UUID(submit(client).get_json()["id"]) for _ in range(6)]
+    store = app.extensions["genqueue.admission"].quota
+    with sessions() as s:
+        tenant = s.scalar(select(Job.tenant_id).where(Job.id == ids[0]))
+    key = store._key(tenant)
+    store._sync(tenant, key, full=True)
+    with transaction(sessions) as s:  # two finish behind the API's back
+        states.fail(s, ids[0], "x", "finished elsewhere", None)
+        states.cancel(s, ids[1])
+    ghost = str(uuid.uuid4())
+    broker.zadd(key, {ghost: 1.0})  # only a full reconciliation drops a reservation that never came
+    monkeypatch.setattr(store.store, "chunks", lambda *a: pytest.fail("the whole set was read"))
+    store._sync(tenant, key)
+    assert {m.decode() for m in broker.zrange(key, 0, -1)} == {str(j) for j in ids[2:]} | {ghost}
+    monkeypatch.undo()
+    monkeypatch.setattr(quota, "FULL_SYNC_S", 0.0)  # a full one is due: the ghost goes too
+    store._sync(tenant, key)
+    assert {m.decode() for m in broker.zrange(key, 0, -1)} == {str(j) for j in ids[2:]}
+
+
+def test_a_refusal_reconciles_in_full_first(app, tenant_client, sessions, broker):
+    client = tenant_client("acme", max_active_jobs=2)
+    submit(client)
+    store = app.extensions["genqueue.admission"].quota
+    with sessions() as s:
+        tenant = s.scalar(select(Job.tenant_id))
+    broker.zadd(store._key(tenant), {str(uuid.uuid4()): 1.0})  # a stale reservation holds the last slot
+    assert submit(client).status_code == 202  # the full reconciliation before refusing dropped it
+    assert_problem(submit(client), 429)
 
 
 def test_quota_slot_is_released_when_the_job_is_not_accepted(make_app, sessions, settings):
