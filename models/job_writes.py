@@ -46,8 +46,8 @@ def mark_published_many(session: Session, job_ids: list[uuid.UUID], at: datetime
 @cache
 def _columns() -> tuple[dict[str, None], frozenset[str]]:
     """Every column attribute set to None, and the attributes a new job must be given (NOT NULL)."""
-    columns = inspect(Job).column_attrs
-    return {p.key: None for p in columns}, frozenset(p.key for p in columns if not p.columns[0].nullable)
+    required = frozenset(p.key for p in inspect(Job).column_attrs if not p.columns[0].nullable)
+    return dict.fromkeys(attr for attr, _ in job_columns()), required
 
 
 def new_job(**values: Any) -> Job:

@@ -100,14 +100,14 @@ _PROBES = (
 _SLOT = "\u2063slot\u2063"  # stands for the prompt in the frame; no probe or system prompt holds it
 
 
-def _frame(chat_template: str | None) -> tuple[str, str] | None:
+def _frame(chat_template: str | None, text: str) -> tuple[str, str] | None:
     """(before, after): the template's text around the user's prompt, when rendering puts the
     prompt in verbatim, once, whatever it says (checked on probes); None for any other template.
+    `text`: the template rendered around _SLOT.
 
     Rendering the chat template (a sandboxed jinja2 template) per prompt was a twelfth of a
     batch submit's CPU; with the frame a prompt's rendered text is one concatenation.
     """
-    text, _ = render(chat_template, _SLOT)
     if text.count(_SLOT) != 1:
         return None
     before, after = text.split(_SLOT)
@@ -127,8 +127,8 @@ class PromptCounter:
         self.byte_level = config.get("normalizer") is None and "ByteLevel" in json.dumps(
             config.get("pre_tokenizer")
         )
-        self.special = render(chat_template, _SLOT)[1]  # depends on the template alone
-        self.frame = _frame(chat_template)
+        slotted, self.special = render(chat_template, _SLOT)  # `special` depends on the template alone
+        self.frame = _frame(chat_template, slotted)
 
     def rendered(self, prompt: str) -> str:
         """The text the adapter tokenizes for `prompt` (render's, through the frame when there is one)."""
