@@ -1,4 +1,5 @@
 """Model adapters, registry and media encoding; real-model tests are marked slow."""
+
 from __future__ import annotations
 
 import importlib.util

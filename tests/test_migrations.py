@@ -1,4 +1,5 @@
 """Alembic: one head, upgrade/downgrade/upgrade on Postgres, and the schema matches the models."""
+
 from __future__ import annotations
 
 import uuid

@@ -1,4 +1,5 @@
 """The job state machine: conditional transitions never move a job backwards or finish it twice."""
+
 from __future__ import annotations
 
 import uuid

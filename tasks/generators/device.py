@@ -1,4 +1,5 @@
 """Device/dtype choice, CUDA OOM mapping, memory release and model-folder versions for torch adapters."""
+
 from __future__ import annotations
 
 import gc
