@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from sqlalchemy import Connection, CursorResult, Engine, Result, Uuid, any_, bindparam, create_engine, event
 from sqlalchemy.dialects.postgresql import ARRAY
@@ -75,6 +75,45 @@ def autocommit(factory: sessionmaker[Session]) -> Iterator[Session]:
     with factory() as session:
         session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
         yield session
+
+
+T = TypeVar("T")
+ALONE = "genqueue.alone"  # Session.info key: the session is alone()'s first try, in autocommit
+
+
+class NeedsTransaction(Exception):
+    """A write tried alone needs statements beside it (or wrote nothing): run the work in a transaction."""
+
+
+def alone(factory: sessionmaker[Session], work: Callable[[Session], T]) -> T:
+    """`work(session)` with its one write committing by itself (autocommit: no BEGIN or COMMIT
+    round trips, a third of a short transaction's client CPU and two thirds of Postgres's), or,
+    when that write needs more beside it, `work` again in a transaction.
+
+    The write decides: a models.states transition on an `alone` session writes only if nothing
+    else must commit with it (outbox rows, cache followers), and raises NeedsTransaction, having
+    written nothing, when it would need them or did not happen. So `work` must make that
+    transition its first write and write nothing after it but what the transition allows (its
+    after-commit hooks run: the session is committed). Postgres only; elsewhere the transaction.
+    """
+    bind = factory.kw.get("bind")
+    if bind is not None and bind.dialect.name == "postgresql":
+        try:
+            with factory() as session:
+                session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+                session.info[ALONE] = True
+                result = work(session)
+                session.commit()  # no round trip in autocommit; runs the after_commit hooks
+                return result
+        except NeedsTransaction:
+            pass
+    with transaction(factory) as session:
+        return work(session)
+
+
+def is_alone(session: Session) -> bool:
+    """Whether `session` is alone()'s first try (see alone)."""
+    return bool(session.info.get(ALONE))
 
 
 # Reads: statements see what was committed when each began, as in a READ COMMITTED transaction.

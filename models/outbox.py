@@ -112,13 +112,31 @@ def registered_column(session: Session) -> ColumnElement[bool] | None:
     """
     if session.get_bind().dialect.name != "postgresql":
         return None
-    return _registered_exists()
+    return registered_exists()
 
 
 @cache
-def _registered_exists() -> ColumnElement[bool]:
+def registered_exists() -> ColumnElement[bool]:
     # Built once: the same expression every time, and its cache key is memoized with it.
     return registered_endpoint_exists(Job.tenant_id)
+
+
+# Whether each tenant had a registered endpoint when a transition of one of its jobs last read
+# it, in this process: a hint for models.db.alone's callers (a transition tried alone that would
+# need outbox rows writes nothing and costs a round trip); the statement's own guard decides.
+_endpoints_seen: dict[uuid.UUID, bool] = {}
+MAX_TENANTS_SEEN = 10_000
+
+
+def saw_endpoint(tenant_id: uuid.UUID, registered: bool) -> None:
+    if len(_endpoints_seen) >= MAX_TENANTS_SEEN and tenant_id not in _endpoints_seen:
+        _endpoints_seen.clear()  # a hint: forgetting costs a round trip per tenant, never a message
+    _endpoints_seen[tenant_id] = registered
+
+
+def endpoint_seen(tenant_id: uuid.UUID) -> bool:
+    """Whether the tenant had a registered endpoint when last seen here (False if never seen)."""
+    return _endpoints_seen.get(tenant_id, False)
 
 
 Notify = Callable[[Iterable[uuid.UUID]], None]

@@ -21,8 +21,8 @@ from sqlalchemy.orm import Session
 from models import events, outbox, transition_cte
 from models.base import utcnow
 from models.cache import settle_followers
-from models.db import rowcount
-from models.job import ACTIVE, Job, JobStatus, Stage
+from models.db import NeedsTransaction, is_alone, rowcount
+from models.job import ACTIVE, TERMINAL, Job, JobStatus, Stage
 from models.transition_sql import Bound, statement
 
 Deadline = datetime | Bound  # a value, or an expression on the row's old values (recovery.entry_deadline)
@@ -57,6 +57,16 @@ def _active() -> ColumnElement[bool]:
 def _next_attempt() -> ColumnElement[int]:
     """The row's attempt count plus one (a stage entry): built once, as _where."""
     return Job.attempts + 1
+
+
+@cache
+def _alone(where: ColumnElement[bool], terminal: bool) -> ColumnElement[bool]:
+    """`where` and what a transition with events tried alone (models.db.alone) also requires:
+    that nothing must commit beside it. No outbox rows (the job has no webhook of its own, its
+    tenant no registered endpoint) and, finishing the job, no cache followers to finish with it
+    (no cache key). Built once per WHERE (those of _where are built once), as _where."""
+    guard = and_(where, Job.webhook.is_(None), ~outbox.registered_exists())
+    return and_(guard, Job.cache_key.is_(None)) if terminal else guard
 
 
 def _transition(
@@ -99,6 +109,8 @@ def _transition_row(
     """The transition, returning the job row as it left it; None when it did not happen.
 
     A shaped transition is one statement where it may be (models.transition_cte)."""
+    if is_alone(session) and event and (shape is None or not transition_cte.applies(session, values)):
+        raise NeedsTransaction  # its event (and outbox) would be statements of their own
     if shape is not None and transition_cte.applies(session, values):
         return _in_one_statement(
             session, job_id, where, values, (event, *then) if event else (),
@@ -150,13 +162,20 @@ def _in_one_statement(
         return transition_cte.without_events(session, job_id, where, values, shape)
     registered = outbox.registered_column(session)
     assert registered is not None  # Postgres (transition_cte.applies)
+    alone = is_alone(session)
+    if alone:  # committed by itself: only where nothing else must commit with it
+        where = _alone(where, values.get("status") in TERMINAL)
+        shape = ("alone", shape)
     done = transition_cte.with_events(
         session, job_id, where, values, names, shape=shape, registered=registered,
         from_status=from_status, data=dict(event_data or {}), at=at,
     )  # fmt: skip
     if done is None:
+        if alone:  # the guard, or the transition itself: the transaction tells which
+            raise NeedsTransaction
         return None
     job, written, has_endpoint = done
+    outbox.saw_endpoint(job.tenant_id, has_endpoint)
     if outbox.wanted(job, has_endpoint):
         outbox.add_messages(session, job, [(id_, type_, at) for id_, type_ in written])
     return job

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from celery import Task, shared_task
+from sqlalchemy.orm import Session
 
-from models import Job, Modality, Stage, logs, shot_states, states, variants
-from models.db import autocommit, transaction
+from models import Job, Modality, Stage, logs, outbox, shot_states, states, variants
+from models.db import alone, transaction
 from models.job_shots import MIN_SHOTS
 from models.recovery import deadline_in, entry_deadline
 from models.settings import Settings
@@ -54,14 +55,11 @@ def enter_stage(rt: Runtime, job_id: uuid.UUID, stage: Stage) -> Job | None:
     s_ = rt.settings
     # Past max_stage_attempts the worker died or hung each time: the stage fails below instead.
     deadline = entry_deadline(failures.hard_limit(s_, stage) + s_.stage_grace_s, s_.max_stage_attempts)
-    # A later stage's entry is one statement with no event (resume_stage): atomic by itself, so
-    # it runs in autocommit, without the BEGIN and COMMIT round trips (a third of a
-    # transaction's client CPU and two thirds of Postgres's, `python -m bench.pipeline`).
-    entering = stage == ENTRY_STAGE
-    with (transaction if entering else autocommit)(rt.sessions) as s:
+
+    def enter(s: Session) -> Job | None:
         # One UPDATE ... RETURNING does the move, the attempt count and the deadline together.
         # Only the entry stage moves a queued job to running; every later one resumes it.
-        job = states.start_text(s, job_id, deadline_at=deadline) if entering else None
+        job = states.start_text(s, job_id, deadline_at=deadline) if stage == ENTRY_STAGE else None
         if job is None:
             job = states.resume_stage(s, job_id, stage, deadline_at=deadline)
         if job is None:
@@ -73,6 +71,13 @@ def enter_stage(rt: Runtime, job_id: uuid.UUID, stage: Stage) -> Job | None:
                 log.info("job %s is %s; %s stage has nothing to do", job_id, where, stage)
             return None
         logs.bind(tenant=job.tenant_id)  # the task's id, job and stage were bound when it started
+        return job
+
+    # The entry is one statement, its event in it: committed by itself unless outbox rows must
+    # go with it, or nothing moved (models.db.alone; a resume has no event and is always alone).
+    job = alone(rt.sessions, enter)
+    if job is None:
+        return None
     if job.attempts <= s_.max_stage_attempts:
         metrics.stage_entered(job, stage)  # committed: the stage has started
         return job
@@ -142,7 +147,8 @@ def _text_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID) -> None:
     shots: list[str] = []
     if job.modality == Modality.STORYBOARD:  # the answer is a shot list: parsed, repaired or split
         text, shots = shot_plan(job, text)
-    with transaction(rt.sessions) as s:
+
+    def finish(s: Session) -> bool:
         done = states.complete_text(
             s,
             jid,
@@ -158,8 +164,22 @@ def _text_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID) -> None:
         )
         if done and shots:
             shot_states.create(s, jid, shots)
+        return done
+
+    done = _record(rt, job, finish, alone_ok=not shots)  # a storyboard's shots commit with it
     if done:
         metrics.metrics().stage_duration.labels(Stage.TEXT).observe(seconds)
+
+
+def _record(rt: Runtime, job: Job, work: Callable[[Session], bool], alone_ok: bool = True) -> bool:
+    """`work`, a stage's completion transition first, committed alone where it likely may be
+    (models.db.alone), else in a transaction: a job with its own webhook, or of a tenant last
+    seen with an endpoint, needs outbox rows with it (tried alone, the statement would write
+    nothing and cost a round trip)."""
+    if alone_ok and job.webhook is None and not outbox.endpoint_seen(job.tenant_id):
+        return alone(rt.sessions, work)
+    with transaction(rt.sessions) as s:
+        return work(s)
 
 
 def _system_prompt(job: Job, then: Stage | None) -> str | None:
@@ -244,9 +264,10 @@ def _render_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID, stage: S
     except Exception as exc:
         _charge(rt, jid, stage, _cost(job, stage, meter, model, spec))
         failures.handle(self, rt, job, stage, exc, render_request=request)
-    with transaction(rt.sessions) as s:
-        charge = _cost(job, stage, meter, model, spec)
-        done = states.complete_render(s, jid, stage, relpath, size, seconds, count, charge)
+    charge = _cost(job, stage, meter, model, spec)
+    done = _record(
+        rt, job, lambda s: states.complete_render(s, jid, stage, relpath, size, seconds, count, charge)
+    )
     if done:
         metrics.metrics().stage_duration.labels(stage).observe(seconds)
     possible = variants.may_have_waiting(job)  # known from the row the stage entered with

@@ -1,5 +1,5 @@
-"""A stage's entry: the first stage's in a transaction (its event and outbox go with it), a later
-stage's in autocommit (one statement, atomic by itself: no BEGIN or COMMIT round trips)."""
+"""A stage's entry commits alone (one statement with its event, in autocommit: no BEGIN or COMMIT
+round trips) unless outbox rows must commit with it: then in a transaction."""
 
 from __future__ import annotations
 
@@ -7,12 +7,16 @@ import os
 
 import psycopg
 import pytest
+from sqlalchemy import func, select
 
-from models import Stage, states
+from models import Job, Stage, states
 from models.db import transaction
+from models.webhook import WebhookMessage
 from tasks.pipeline import enter_stage
 from tasks.runtime import Runtime
 from tests.support.jobs import create_job, get
+
+WEBHOOK = {"url": "https://hooks.example.com/genqueue", "events": ["job.succeeded"]}
 
 
 @pytest.fixture
@@ -50,10 +54,24 @@ def test_a_later_stage_is_entered_in_autocommit(rt, sessions, monkeypatch) -> No
     assert get(sessions, jid).attempts == 1
 
 
-def test_the_first_stage_is_entered_in_a_transaction(rt, sessions, monkeypatch) -> None:
+def test_the_first_stage_is_entered_alone_with_its_event(rt, sessions, monkeypatch) -> None:
     jid = create_job(sessions, "video")
     seen = _spy(monkeypatch, "start_text")
     job = enter_stage(rt, jid, Stage.TEXT)
     assert job is not None and (job.status, job.stage, job.attempts) == ("running", "text", 1)
-    assert seen == [psycopg.pq.TransactionStatus.INTRANS]  # its event (and any outbox rows) commit with it
+    assert seen == [psycopg.pq.TransactionStatus.IDLE]  # the event is in the same statement
     assert get(sessions, jid).status == "running"
+
+
+def test_a_job_with_a_webhook_enters_in_a_transaction_with_its_outbox_rows(rt, sessions, monkeypatch) -> None:
+    with transaction(sessions) as s:
+        job = Job(modality="video", prompt="a fox", params={}, webhook=WEBHOOK)
+        s.add(job)
+        s.flush()
+        jid = job.id
+    seen = _spy(monkeypatch, "start_text")
+    entered = enter_stage(rt, jid, Stage.TEXT)
+    assert entered is not None and entered.attempts == 1
+    assert seen == [psycopg.pq.TransactionStatus.INTRANS]  # tried alone first: it wrote nothing
+    with sessions() as s:
+        assert s.scalar(select(func.count()).where(WebhookMessage.job_id == jid)) == 1
