@@ -10,9 +10,12 @@ emptied so the tracer does not send it again (tests/test_continuation.py compare
 
 Celery's path still runs wherever this one does not apply: a chain whose ids are not the job's
 (no fixed shape), link callbacks, an argument-taking (mutable) next signature, inherited
-priorities, publish signal receivers or sent events, and any error on this one try (the broker
-down, say): Celery then retries as its callback policy says and fails the task, errbacks
-included, if it cannot, exactly as before.
+priorities, publish signal receivers or sent events, eager mode, and any error on this one try
+(the broker down, say): Celery then retries as its callback policy says and fails the task,
+errbacks included, if it cannot, exactly as before. An error after the broker took the message
+(a lost reply) can mean a second send, as Celery's own retry of it can; a duplicate stage
+message finds the job's conditional transitions past it or renders the stage again, never
+finishing the job twice.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ import logging
 from typing import Any
 
 from celery import Celery, Task, signature
-from celery.signals import after_task_publish, before_task_publish
+from celery.signals import after_task_publish, before_task_publish, task_sent
 from kombu import Producer
 
 from tasks.contract.templates import PLACEHOLDER, Key, templates
@@ -39,8 +42,12 @@ def _applies(app: Celery, request: Any, job_id: str) -> bool:
         return False
     if not chain[-1].get("immutable") or app.conf.task_inherit_parent_priority:
         return False  # the tracer would put the task's result or priority into the message
-    if before_task_publish.receivers or after_task_publish.receivers or not templates(app).usable:
-        return False  # send_task would run them (or send an event) beside the message
+    if app.conf.task_always_eager:
+        return False  # the continuation would run the next task in process, not publish it
+    if before_task_publish.receivers or after_task_publish.receivers or task_sent.receivers:
+        return False  # send_task would run them beside the message
+    if not templates(app).usable:
+        return False  # send_task would send a task-sent event too
     return job_id in str(request.id) and job_id in str(request.root_id or request.id)
 
 
@@ -68,14 +75,19 @@ def send_next(task: Task[..., Any], job_id: str, producer: Producer | None = Non
                 _continue_as_celery(app, shape, recorder)
 
             template = table.get(key, p, send)
-            declared = key in table.declared  # once per process: kombu's check copies the queue each time
+            # The queue is declared on a connection's first send of a shape: kombu's own check
+            # copies the queue on every publish. The mark lives in kombu's set of the
+            # connection's declared entities, which kombu empties when it reconnects.
+            declared, mark = p.connection.declared_entities, ("genqueue.continuation", key)
             with p.connection._reraise_as_library_errors():
-                template.publish(app, p, job_id, declare=not declared)
-        table.declared.add(key)
-    except Exception:
+                template.publish(app, p, job_id, declare=mark not in declared)
+            request.chain = None  # sent: the tracer must not send it again
+            declared.add(mark)
+    except Exception:  # a soft time limit landing here too: Celery's path sends it, once
+        if request.chain is None:
+            return True  # sent (the chain is emptied right after the publish returns)
         log.warning("job %s: next chain step left to Celery's own publish", job_id, exc_info=True)
         return False
-    request.chain = None  # sent: the tracer must not send it again
     return True
 
 

@@ -166,17 +166,22 @@ def _text_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID) -> None:
             shot_states.create(s, jid, shots)
         return done
 
-    done = _record(rt, job, finish, alone_ok=not shots)  # a storyboard's shots commit with it
+    # A storyboard's shots commit with its text.
+    done = _record(rt, job, finish, finishing=final, alone_ok=not shots)
     if done:
         metrics.metrics().stage_duration.labels(Stage.TEXT).observe(seconds)
 
 
-def _record(rt: Runtime, job: Job, work: Callable[[Session], bool], alone_ok: bool = True) -> bool:
+def _record(
+    rt: Runtime, job: Job, work: Callable[[Session], bool], *, finishing: bool, alone_ok: bool = True
+) -> bool:
     """`work`, a stage's completion transition first, committed alone where it likely may be
     (models.db.alone), else in a transaction: a job with its own webhook, or of a tenant last
-    seen with an endpoint, needs outbox rows with it (tried alone, the statement would write
-    nothing and cost a round trip)."""
-    if alone_ok and job.webhook is None and not outbox.endpoint_seen(job.tenant_id):
+    seen with an endpoint, needs outbox rows with it, and one `finishing` with a cache key may
+    have followers to finish with it (tried alone, the statement would write nothing and cost
+    a round trip)."""
+    needs_more = job.webhook is not None or outbox.endpoint_seen(job.tenant_id)
+    if alone_ok and not needs_more and not (finishing and job.cache_key is not None):
         return alone(rt.sessions, work)
     with transaction(rt.sessions) as s:
         return work(s)
@@ -265,9 +270,11 @@ def _render_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID, stage: S
         _charge(rt, jid, stage, _cost(job, stage, meter, model, spec))
         failures.handle(self, rt, job, stage, exc, render_request=request)
     charge = _cost(job, stage, meter, model, spec)
-    done = _record(
-        rt, job, lambda s: states.complete_render(s, jid, stage, relpath, size, seconds, count, charge)
-    )
+
+    def finish(s: Session) -> bool:
+        return states.complete_render(s, jid, stage, relpath, size, seconds, count, charge)
+
+    done = _record(rt, job, finish, finishing=True)
     if done:
         metrics.metrics().stage_duration.labels(stage).observe(seconds)
     possible = variants.may_have_waiting(job)  # known from the row the stage entered with

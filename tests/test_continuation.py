@@ -147,3 +147,28 @@ def test_shapes_are_bounded(monkeypatch) -> None:
         producer = FakeProducer("redis://127.0.0.1:6379/0")
         sent.append(continuation.send_next(Task(app, request), jid, producer))  # type: ignore[arg-type]
     assert sent == [True, False]
+
+
+def test_the_queue_is_declared_once_per_connection_until_it_reconnects() -> None:
+    app = create_celery(Settings(broker_url="redis://127.0.0.1:6379/0"), set_as_current=False)
+    producer = FakeProducer("redis://127.0.0.1:6379/0")
+
+    def send() -> dict[str, Any]:
+        jid = str(uuid.uuid4())
+        assert continuation.send_next(Task(app, _video_request(app, jid)), jid, producer)  # type: ignore[arg-type]
+        return producer.calls[-1][1]
+
+    first, second = send(), send()
+    assert [q.name for q in first["declare"]] == ["video"] and second["declare"] == []
+    producer.connection.declared_entities.clear()  # what kombu does when it reconnects
+    assert [q.name for q in send()["declare"]] == ["video"]
+
+
+def test_left_to_celery_in_eager_mode() -> None:
+    app = create_celery(Settings(broker_url="redis://127.0.0.1:6379/0"), set_as_current=False)
+    jid = str(uuid.uuid4())
+    request = _video_request(app, jid)
+    app.conf.task_always_eager = True  # the tracer would run the next task in process
+    producer = FakeProducer("redis://127.0.0.1:6379/0")
+    assert continuation.send_next(Task(app, request), jid, producer) is False  # type: ignore[arg-type]
+    assert producer.calls == [] and request.chain

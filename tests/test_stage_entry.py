@@ -12,7 +12,7 @@ from sqlalchemy import func, select
 from models import Job, Stage, states
 from models.db import transaction
 from models.webhook import WebhookMessage
-from tasks.pipeline import enter_stage
+from tasks.pipeline import _record, enter_stage
 from tasks.runtime import Runtime
 from tests.support.jobs import create_job, get
 
@@ -75,3 +75,30 @@ def test_a_job_with_a_webhook_enters_in_a_transaction_with_its_outbox_rows(rt, s
     assert seen == [psycopg.pq.TransactionStatus.INTRANS]  # tried alone first: it wrote nothing
     with sessions() as s:
         assert s.scalar(select(func.count()).where(WebhookMessage.job_id == jid)) == 1
+
+
+@pytest.mark.parametrize(("cache_key", "status"), [(None, "IDLE"), ("k" * 64, "INTRANS")])
+def test_a_finishing_job_with_a_cache_key_completes_in_a_transaction_first(
+    rt, sessions, monkeypatch, cache_key, status
+):
+    with transaction(sessions) as s:
+        job = Job(modality="video", prompt="a fox", params={}, cache_key=cache_key)
+        s.add(job)
+        s.flush()
+        jid = job.id
+    with transaction(sessions) as s:
+        assert states.start_text(s, jid) is not None
+        assert states.complete_text(s, jid, "a shot", 0.1, final=False, progress=20)
+    entered = enter_stage(rt, jid, Stage.VIDEO)
+    assert entered is not None
+    seen = _spy(monkeypatch, "complete_render")
+    calls = []
+
+    def finish(s) -> bool:
+        calls.append(s)
+        return states.complete_render(s, jid, Stage.VIDEO, f"{jid}/video.mp4", 10, 0.1, 9)
+
+    assert _record(rt, entered, finish, finishing=True)
+    # One try: alone, or straight in the transaction a cache key's followers need.
+    assert len(calls) == 1 and seen == [getattr(psycopg.pq.TransactionStatus, status)]
+    assert get(sessions, jid).status == "succeeded"

@@ -100,7 +100,6 @@ class Templates:
         self._lock = threading.Lock()
         # With task-sent events on, send_task publishes an event beside each message: not recorded.
         self.usable = not app.conf.task_send_sent_event
-        self.declared: set[Key] = set()  # shapes whose queue a publish of this process declared
 
     def has(self, key: Key) -> bool:
         return key in self._by_key
