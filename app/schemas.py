@@ -77,10 +77,7 @@ class VideoParams(TextParams):
         "(docs/API.md, Result variants): `webm` (VP9, else AV1), `preview` (animated WebP, <= 2 s, "
         "<= 320 px wide), `upscale` (`upscale_factor` x the size, H.264). Default: none.",
         json_schema_extra={
-            "items": {"enum": list(OUTPUT_VARIANTS)},
-            "uniqueItems": True,
-            "minItems": 1,
-            "maxItems": 3,
+            "items": {"enum": list(OUTPUT_VARIANTS)}, "uniqueItems": True, "minItems": 1, "maxItems": 3,
         },
     )
     upscale_factor: Literal[2, 4] | None = Field(

@@ -226,9 +226,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--skip-raw", action="store_true")
     ap.add_argument(
-        "--dtype",
-        default="auto",
-        choices=["auto", "float32", "bfloat16"],
+        "--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
         help="GENQUEUE_TEXT_DTYPE for both sides (bfloat16 batches faster on AMX CPUs)",
     )
     args = ap.parse_args()

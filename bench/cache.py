@@ -69,9 +69,7 @@ def main() -> None:
         )  # fmt: skip
         client = create_app(settings).test_client()
         # A key whose plan has no practical rate limit: the hits come faster than the default allows.
-        client.environ_base.update(
-            HTTP_AUTHORIZATION=auth_headers(bench_key(env.database_url))["Authorization"]
-        )
+        client.environ_base.update(HTTP_AUTHORIZATION=auth_headers(bench_key(env.database_url))["Authorization"])
         log = env.artifact_dir / "worker.log"
         extra = {"GENQUEUE_TEXT_MODEL": args.model, "GENQUEUE_WORKER_PRELOAD": "text"}
         with worker(env, "text", 8, log, **extra):

@@ -42,11 +42,8 @@ def _web(
     load = run_load(request, concurrency=args.connections, requests=args.requests, headers=headers)
     after = rss_mb(workers)
     per_k = (after - before) * 1024 / (args.requests / 1000)
-    print(
-        f"  {name:<9} worker RSS {before:.1f} -> {after:.1f} MB over {args.requests} requests "
-        f"({load.errors} failed): {per_k:+.0f} KB per 1000",
-        flush=True,
-    )
+    print(f"  {name:<9} worker RSS {before:.1f} -> {after:.1f} MB over {args.requests} requests "
+          f"({load.errors} failed): {per_k:+.0f} KB per 1000", flush=True)
     if load.errors:
         raise RuntimeError(f"{name}: {load.errors} requests failed: {load.statuses}")
     return per_k
@@ -62,11 +59,8 @@ def _worker(p: pipeline.Pipeline, args: argparse.Namespace) -> float:
     if failed:
         raise RuntimeError(f"{p.name}: {failed} jobs did not succeed")
     per_k = (after - before) * 1024 / (args.jobs / 1000)
-    print(
-        f"  {p.name:<9} worker RSS {before:.1f} -> {after:.1f} MB over {args.jobs} jobs "
-        f"({len(procs)} processes): {per_k:+.0f} KB per 1000",
-        flush=True,
-    )
+    print(f"  {p.name:<9} worker RSS {before:.1f} -> {after:.1f} MB over {args.jobs} jobs "
+          f"({len(procs)} processes): {per_k:+.0f} KB per 1000", flush=True)
     return per_k
 
 
@@ -76,12 +70,8 @@ def run(args: argparse.Namespace) -> list[Result]:
     if "web" in args.only:
         # One worker, so every request lands in the process being measured.
         with servers(WEB_CONCURRENCY="1") as srv:
-            first = run_load(
-                lambda _n: ("POST", srv.genqueue + "/v1/jobs", JOB),
-                requests=1,
-                concurrency=1,
-                headers=srv.headers,
-            )
+            first = run_load(lambda _n: ("POST", srv.genqueue + "/v1/jobs", JOB), requests=1, concurrency=1,
+                             headers=srv.headers)
             assert first.latencies, f"could not submit the job the readers ask about: {first.statuses}"
             job_id = _first_job(srv.db_url)
             base = _web("trivial", srv.trivial, srv.trivial_proc, job_id, args, srv.headers)

@@ -29,10 +29,8 @@ def main(argv: Sequence[str] | None = None) -> list[Result]:
         runs = [
             (api.main, ["--duration", "1", "--warmup", "0.5", "--backlog", "50"]),
             (pipeline.main, ["--jobs", "10", "--warmup", "2"]),
-            (
-                memory.main,
-                ["--requests", "200", "--warmup-requests", "50", "--jobs", "10", "--warmup-jobs", "2"],
-            ),
+            (memory.main, ["--requests", "200", "--warmup-requests", "50", "--jobs", "10",
+                           "--warmup-jobs", "2"]),
         ]
     else:
         runs = [(api.main, []), (pipeline.main, []), (memory.main, [])]

@@ -1,5 +1,4 @@
 """Gunicorn settings for the web process (`gunicorn -c ops/gunicorn.conf.py 'app:create_app()'`)."""
-
 import multiprocessing
 import os
 import shutil

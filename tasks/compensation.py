@@ -58,7 +58,6 @@ def compensate_job(rt: Runtime, job_id: uuid.UUID) -> bool:
             "stage": job.error_stage,
             "files_removed": removed,
         }
-
         def release() -> dict[str, Any]:
             released = [repr(hook(s, job)) for hook in _release_hooks]
             return {"released": released} if released else {}
@@ -70,7 +69,9 @@ def compensate_job(rt: Runtime, job_id: uuid.UUID) -> bool:
     return True
 
 
-def fail_and_compensate(rt: Runtime, job_id: uuid.UUID, code: str, message: str, stage: str | None) -> bool:
+def fail_and_compensate(
+    rt: Runtime, job_id: uuid.UUID, code: str, message: str, stage: str | None
+) -> bool:
     """Fail the job if it is still active, then compensate; True if this call failed it."""
     with transaction(rt.sessions) as s:
         failed = states.fail(s, job_id, code, message, stage)

@@ -1,6 +1,5 @@
 """Video/thumbnail encoding in process with PyAV (FFmpeg's libraries), images with Pillow, written atomically
 (temp + rename)."""
-
 from __future__ import annotations
 
 import os

@@ -16,18 +16,8 @@ SCRIPTS = {
     "api": ["--duration", "0.5", "--warmup", "0.2", "--backlog", "20", "--concurrency", "8"],
     # 20 chains a turn: 5 bare chains cost under one 10 ms clock tick
     "pipeline": ["--jobs", "40", "--warmup", "1", "--rounds", "2"],
-    "memory": [
-        "--requests",
-        "100",
-        "--warmup-requests",
-        "20",
-        "--connections",
-        "8",
-        "--jobs",
-        "5",
-        "--warmup-jobs",
-        "1",
-    ],
+    "memory": ["--requests", "100", "--warmup-requests", "20", "--connections", "8", "--jobs", "5",
+               "--warmup-jobs", "1"],
     "image": ["--rounds", "1", "--requests", "2"],
     "sse": ["--streams", "20", "--jobs", "4", "--duration", "1", "--warmup", "0.5", "--concurrency", "4"],
     "batch_submit": ["--duration", "1", "--warmup", "0.3", "--batch", "50", "--concurrency", "8"],
@@ -53,12 +43,7 @@ def test_benchmark_runs_and_prints_its_ratio(script: str) -> None:
     env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1")
     proc = subprocess.run(
         [sys.executable, "-m", f"bench.{script}", *SCRIPTS[script]],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = [ln for ln in proc.stdout.splitlines() if RATIO.search(ln)]

@@ -1,5 +1,4 @@
 """Model adapters, registry and media encoding; real-model tests are marked slow."""
-
 from __future__ import annotations
 
 import importlib.util

@@ -1,5 +1,4 @@
 """Alembic: one head, upgrade/downgrade/upgrade on Postgres, and the schema matches the models."""
-
 from __future__ import annotations
 
 import uuid

@@ -67,7 +67,9 @@ def test_redact_skips_only_text_no_pattern_can_match(text: str) -> None:
 def test_a_full_job_run_logs_no_secret(settings, sessions, broker, caplog):
     """API, worker and failures, all logged at DEBUG: no key, password or webhook secret shows."""
     url = make_url(settings.database_url).set(password=DB_PASSWORD)  # trust auth: accepted, unused
-    secret_settings = settings.model_copy(update={"database_url": url.render_as_string(hide_password=False)})
+    secret_settings = settings.model_copy(
+        update={"database_url": url.render_as_string(hide_password=False)}
+    )
     key = make_api_key(sessions)
     flask_app = create_app(secret_settings)
     flask_app.test_client_class = authed_client_class(key)
@@ -82,14 +84,8 @@ def test_a_full_job_run_logs_no_secret(settings, sessions, broker, caplog):
     worker_app = create_celery(secret_settings, set_as_current=False)
     with in_process_worker(worker_app, concurrency=2, loglevel="DEBUG"):
         logging.getLogger("genqueue.test").info("settings: %r", secret_settings)
-        video = client.post(
-            "/v1/jobs",
-            json={
-                "prompt": "a fox",
-                "modality": "video",
-                "params": {"width": 64, "height": 64, "num_frames": 5},
-            },
-        )
+        video = client.post("/v1/jobs", json={"prompt": "a fox", "modality": "video",
+                                              "params": {"width": 64, "height": 64, "num_frames": 5}})
         failing = client.post("/v1/jobs", json={"prompt": "[[fail]] now", "modality": "text"})
         transient = client.post("/v1/jobs", json={"prompt": "[[transient]] once", "modality": "text"})
         for resp in (video, failing, transient):

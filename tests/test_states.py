@@ -1,5 +1,4 @@
 """The job state machine: conditional transitions never move a job backwards or finish it twice."""
-
 from __future__ import annotations
 
 import uuid

@@ -1,5 +1,4 @@
 """A shaped transition in one statement (models.transition_cte) writes what the ORM path writes."""
-
 from __future__ import annotations
 
 import uuid
@@ -49,21 +48,12 @@ def _row(job: Job) -> dict:
 def _written(sessions, jid: uuid.UUID) -> tuple[list, list]:
     with sessions() as s:
         events = s.execute(
-            select(
-                JobEvent.id,
-                JobEvent.type,
-                JobEvent.from_status,
-                JobEvent.to_status,
-                JobEvent.stage,
-                JobEvent.data,
-            )
-            .where(JobEvent.job_id == jid)
-            .order_by(JobEvent.id)
+            select(JobEvent.id, JobEvent.type, JobEvent.from_status, JobEvent.to_status, JobEvent.stage,
+                   JobEvent.data).where(JobEvent.job_id == jid).order_by(JobEvent.id)
         ).all()
         messages = s.execute(
             select(WebhookMessage.id, WebhookMessage.type, WebhookMessage.snapshot)
-            .where(WebhookMessage.job_id == jid)
-            .order_by(WebhookMessage.id)
+            .where(WebhookMessage.job_id == jid).order_by(WebhookMessage.id)
         ).all()
     return [tuple(e) for e in events], [tuple(m) for m in messages]
 
@@ -77,15 +67,11 @@ def test_both_paths_leave_the_same_row_events_and_outbox_messages(sessions) -> N
     assert _row(fast_done) == _row(orm_done)
     fast_events, fast_messages = _written(sessions, fast)
     orm_events, orm_messages = _written(sessions, orm)
-    assert (
-        [e[1:] for e in fast_events]
-        == [e[1:] for e in orm_events]
-        == [
-            ("job.started", "queued", "running", "text", {}),
-            ("job.text.completed", "running", "succeeded", "text", {}),
-            ("job.succeeded", "running", "succeeded", "text", {}),
-        ]
-    )
+    assert [e[1:] for e in fast_events] == [e[1:] for e in orm_events] == [
+        ("job.started", "queued", "running", "text", {}),
+        ("job.text.completed", "running", "succeeded", "text", {}),
+        ("job.succeeded", "running", "succeeded", "text", {}),
+    ]
     # Each message carries its event's id and type, with the row as the transition left it.
     assert [(m[0], m[1]) for m in fast_messages] == [(e[0], e[1]) for e in fast_events]
     assert [m[1] for m in fast_messages] == [m[1] for m in orm_messages]

@@ -1,5 +1,4 @@
 """Device/dtype choice, CUDA OOM mapping, memory release and model-folder versions for torch adapters."""
-
 from __future__ import annotations
 
 import gc

@@ -1,5 +1,4 @@
 """Generic adapter for a local diffusers text-to-video pipeline folder (e.g. Wan2.1-T2V-1.3B-Diffusers)."""
-
 from __future__ import annotations
 
 import json

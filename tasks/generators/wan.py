@@ -5,7 +5,6 @@ VAE, callbacks, seeds) in about two seconds on a CPU, and its output is coloured
 picture of the prompt. The weights come from a fixed torch seed, so every process builds the
 identical model and the same request gives the same frames. Nothing is downloaded.
 """
-
 from __future__ import annotations
 
 from typing import Any
