@@ -85,7 +85,7 @@ class NeedsTransaction(Exception):
     """A write tried alone needs statements beside it (or wrote nothing): run the work in a transaction."""
 
 
-def alone(factory: sessionmaker[Session], work: Callable[[Session], T]) -> T:
+def alone(factory: sessionmaker[Session], work: Callable[[Session], T], *, likely: bool = True) -> T:
     """`work(session)` with its one write committing by itself (autocommit: no BEGIN or COMMIT
     round trips, a third of a short transaction's client CPU and two thirds of Postgres's), or,
     when that write needs more beside it, `work` again in a transaction.
@@ -95,9 +95,10 @@ def alone(factory: sessionmaker[Session], work: Callable[[Session], T]) -> T:
     written nothing, when it would need them or did not happen. So `work` must make that
     transition its first write and write nothing after it but what the transition allows (its
     after-commit hooks run: the session is committed). Postgres only; elsewhere the transaction.
+    `likely` False (models.states.may_commit_alone): straight to the transaction, no try alone.
     """
     bind = factory.kw.get("bind")
-    if bind is not None and bind.dialect.name == "postgresql":
+    if likely and bind is not None and bind.dialect.name == "postgresql":
         try:
             with factory() as session:
                 session.connection(execution_options={"isolation_level": "AUTOCOMMIT"})

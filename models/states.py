@@ -69,6 +69,15 @@ def _alone(where: ColumnElement[bool], terminal: bool) -> ColumnElement[bool]:
     return and_(guard, Job.cache_key.is_(None)) if terminal else guard
 
 
+def may_commit_alone(job: Job, *, finishing: bool) -> bool:
+    """Whether a transition of `job` (read earlier) likely passes _alone's guard, as far as this
+    process knows: tried alone when it does not, the statement writes nothing and costs a round
+    trip (models.db.alone's `likely`). The guard in the statement decides."""
+    if job.webhook is not None or outbox.endpoint_seen(job.tenant_id):
+        return False
+    return not (finishing and job.cache_key is not None)
+
+
 def _transition(
     session: Session,
     job_id: uuid.UUID,

@@ -75,14 +75,9 @@ def send_next(task: Task[..., Any], job_id: str, producer: Producer | None = Non
                 _continue_as_celery(app, shape, recorder)
 
             template = table.get(key, p, send)
-            # The queue is declared on a connection's first send of a shape: kombu's own check
-            # copies the queue on every publish. The mark lives in kombu's set of the
-            # connection's declared entities, which kombu empties when it reconnects.
-            declared, mark = p.connection.declared_entities, ("genqueue.continuation", key)
             with p.connection._reraise_as_library_errors():
-                template.publish(app, p, job_id, declare=mark not in declared)
+                template.publish(app, p, job_id)  # its queue declared once per connection
             request.chain = None  # sent: the tracer must not send it again
-            declared.add(mark)
     except Exception:  # a soft time limit landing here too: Celery's path sends it, once
         if request.chain is None:
             return True  # sent (the chain is emptied right after the publish returns)

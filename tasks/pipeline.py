@@ -18,7 +18,7 @@ from typing import Any
 from celery import Task, shared_task
 from sqlalchemy.orm import Session
 
-from models import Job, Modality, Stage, logs, outbox, shot_states, states, variants
+from models import Job, Modality, Stage, logs, shot_states, states, variants
 from models.db import alone, transaction
 from models.job_shots import MIN_SHOTS
 from models.recovery import deadline_in, entry_deadline
@@ -166,25 +166,11 @@ def _text_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID) -> None:
             shot_states.create(s, jid, shots)
         return done
 
-    # A storyboard's shots commit with its text.
-    done = _record(rt, job, finish, finishing=final, alone_ok=not shots)
+    # A storyboard's shots commit with its text: never alone.
+    likely = not shots and states.may_commit_alone(job, finishing=final)
+    done = alone(rt.sessions, finish, likely=likely)
     if done:
         metrics.metrics().stage_duration.labels(Stage.TEXT).observe(seconds)
-
-
-def _record(
-    rt: Runtime, job: Job, work: Callable[[Session], bool], *, finishing: bool, alone_ok: bool = True
-) -> bool:
-    """`work`, a stage's completion transition first, committed alone where it likely may be
-    (models.db.alone), else in a transaction: a job with its own webhook, or of a tenant last
-    seen with an endpoint, needs outbox rows with it, and one `finishing` with a cache key may
-    have followers to finish with it (tried alone, the statement would write nothing and cost
-    a round trip)."""
-    needs_more = job.webhook is not None or outbox.endpoint_seen(job.tenant_id)
-    if alone_ok and not needs_more and not (finishing and job.cache_key is not None):
-        return alone(rt.sessions, work)
-    with transaction(rt.sessions) as s:
-        return work(s)
 
 
 def _system_prompt(job: Job, then: Stage | None) -> str | None:
@@ -274,7 +260,7 @@ def _render_stage(self: Task[[str], None], rt: Runtime, jid: uuid.UUID, stage: S
     def finish(s: Session) -> bool:
         return states.complete_render(s, jid, stage, relpath, size, seconds, count, charge)
 
-    done = _record(rt, job, finish, finishing=True)
+    done = alone(rt.sessions, finish, likely=states.may_commit_alone(job, finishing=True))
     if done:
         metrics.metrics().stage_duration.labels(stage).observe(seconds)
     possible = variants.may_have_waiting(job)  # known from the row the stage entered with

@@ -51,7 +51,7 @@ class _Recorder:
         self.calls.append((body, kwargs))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # hashed by identity: a connection's declared set holds it
 class Template:
     """One recorded message: the body's JSON and publish's arguments, with the placeholder id."""
 
@@ -60,7 +60,16 @@ class Template:
     with_id: tuple[str, ...]  # the options holding the placeholder (headers, correlation_id, argsrepr)
     headers_with_id: tuple[str, ...]  # the headers holding it as strings (id, root_id, argsrepr), or ()
 
-    def publish(self, app: Celery, producer: Producer, job_id: str, declare: bool) -> None:
+    def publish(self, app: Celery, producer: Producer, job_id: str, declare: bool | None = None) -> None:
+        """Send the message with `job_id` put in. `declare` None: the queue is declared on the
+        producer's connection's first send of this template only (kombu's own check copies the
+        queue on every publish); the mark lives in kombu's set of the connection's declared
+        entities, which kombu empties when it reconnects."""
+        connection = producer.connection
+        found = connection.declared_entities if connection is not None else None
+        declared: set[Any] = set() if found is None else found  # an empty set is the connection's too
+        if declare is None:
+            declare = self not in declared
         options = dict(self.options)
         for name in self.with_id:
             if name == "headers" and self.headers_with_id:  # a walk of every header cost a sixth
@@ -73,6 +82,8 @@ class Template:
         if not declare:
             options["declare"] = []
         producer.publish(self.body.replace(PLACEHOLDER, job_id), **options)
+        if declare:
+            declared.add(self)
 
 
 def record(producer: Producer, send: Callable[[Producer, str], None]) -> Template:
