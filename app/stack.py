@@ -125,7 +125,7 @@ class Stack:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # a group per process: signalled and waited for as one
-                preexec_fn=die_with_parent,
+                preexec_fn=die_with_parent(),
             )
             assert child.stdout is not None
             pump = threading.Thread(target=self.output.pump, args=(name, child.stdout), daemon=True)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import logging
 import os
 import signal
@@ -20,6 +21,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
+from typing import cast
 
 from models.settings import Settings
 
@@ -59,13 +61,30 @@ def worker_environment(settings: Settings, environ: Mapping[str, str] = os.envir
     return env
 
 
-def die_with_parent() -> None:
-    """Runs in the child before exec: if the supervisor is SIGKILLed, the child gets SIGTERM
-    (a warm shutdown) instead of living on unsupervised. Linux only; elsewhere a no-op."""
+@functools.cache
+def _prctl() -> Callable[..., int] | None:
+    """libc's prctl (Linux), looked up once; None elsewhere."""
     try:
-        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        return cast("Callable[..., int]", ctypes.CDLL(None).prctl)
     except (OSError, AttributeError):
-        pass
+        return None
+
+
+def die_with_parent() -> Callable[[], None]:
+    """A preexec_fn: if the supervisor is SIGKILLed, the child gets SIGTERM (a warm shutdown)
+    instead of living on unsupervised. Linux only; elsewhere a no-op.
+
+    prctl is looked up here, in the parent: looking it up in the forked child (a dlopen) can
+    wait forever on a loader lock another thread of a threaded parent held at the fork (the
+    test suite's process hung so in tests/test_supervise.py).
+    """
+    prctl = _prctl()
+
+    def preexec() -> None:
+        if prctl is not None:
+            prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+    return preexec
 
 
 def _exit_status(returncode: int) -> int:
@@ -122,7 +141,7 @@ class Supervisor:
         self.child: subprocess.Popen[bytes] | None = None
 
     def _spawn_plain(self) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(self.cmd, env=self.env, start_new_session=True, preexec_fn=die_with_parent)
+        return subprocess.Popen(self.cmd, env=self.env, start_new_session=True, preexec_fn=die_with_parent())
 
     def stopping(self) -> bool:
         return self._stop.is_set()
