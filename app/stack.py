@@ -118,14 +118,13 @@ class Stack:
     def _spawner(self, name: str, cmd: str) -> Spawn:
         def spawn() -> subprocess.Popen[bytes]:
             child = subprocess.Popen(
-                ["/bin/sh", "-c", exec_form(cmd)],
+                die_with_parent(["/bin/sh", "-c", exec_form(cmd)]),
                 cwd=self.cwd,
                 env=self.env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # a group per process: signalled and waited for as one
-                preexec_fn=die_with_parent(),
             )
             assert child.stdout is not None
             pump = threading.Thread(target=self.output.pump, args=(name, child.stdout), daemon=True)

@@ -9,11 +9,11 @@ ends supervision; a clean exit (status 0, e.g. `celery control shutdown`) is not
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import functools
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -21,7 +21,6 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
-from typing import cast
 
 from models.settings import Settings
 
@@ -29,7 +28,6 @@ log = logging.getLogger("genqueue.supervise")
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 FORWARDED = (signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)  # Celery's own meanings, passed on
-PR_SET_PDEATHSIG = 1
 # After a crash, what is left of the child's process group gets this long before SIGKILL, so a
 # restart never runs next to a leftover of the previous run.
 LINGER_S = 10.0
@@ -62,29 +60,32 @@ def worker_environment(settings: Settings, environ: Mapping[str, str] = os.envir
 
 
 @functools.cache
-def _prctl() -> Callable[..., int] | None:
-    """libc's prctl (Linux), looked up once; None elsewhere."""
-    try:
-        return cast("Callable[..., int]", ctypes.CDLL(None).prctl)
-    except (OSError, AttributeError):
+def _setpriv() -> str | None:
+    """util-linux's setpriv where it knows --pdeathsig (2.33+, Linux), looked up once; else None."""
+    path = shutil.which("setpriv")
+    if path is None:
         return None
+    try:
+        usage = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return path if "--pdeathsig" in usage else None
 
 
-def die_with_parent() -> Callable[[], None]:
-    """A preexec_fn: if the supervisor is SIGKILLed, the child gets SIGTERM (a warm shutdown)
-    instead of living on unsupervised. Linux only; elsewhere a no-op.
+def die_with_parent(cmd: Sequence[str]) -> list[str]:
+    """`cmd` run so that if its parent (the supervisor) is SIGKILLed, it gets SIGTERM (a warm
+    shutdown) instead of living on unsupervised; `cmd` unchanged where setpriv cannot do it.
 
-    prctl is looked up here, in the parent: looking it up in the forked child (a dlopen) can
-    wait forever on a loader lock another thread of a threaded parent held at the fork (the
-    test suite's process hung so in tests/test_supervise.py).
+    setpriv sets the parent-death signal and execs the command (same pid; the signal survives
+    the exec). Not a preexec_fn: that makes subprocess fork() instead of vfork() and run Python
+    in the child of a threaded parent, where at-fork handlers and locks other threads held at
+    the fork can hang the child before its exec, and Popen with it (the suite's process hung
+    so in tests/test_supervise.py).
     """
-    prctl = _prctl()
-
-    def preexec() -> None:
-        if prctl is not None:
-            prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-    return preexec
+    setpriv = _setpriv()
+    if setpriv is None:
+        return list(cmd)
+    return [setpriv, "--pdeathsig", "TERM", "--", *cmd]
 
 
 def _exit_status(returncode: int) -> int:
@@ -141,7 +142,7 @@ class Supervisor:
         self.child: subprocess.Popen[bytes] | None = None
 
     def _spawn_plain(self) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(self.cmd, env=self.env, start_new_session=True, preexec_fn=die_with_parent())
+        return subprocess.Popen(die_with_parent(self.cmd), env=self.env, start_new_session=True)
 
     def stopping(self) -> bool:
         return self._stop.is_set()

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -65,8 +64,7 @@ def spawn(web: str, key: str, *args: str) -> subprocess.Popen[bytes]:
     """`genqueue ARGS` started in the background (to be canceled or interrupted meanwhile), with
     SIGINT at its default as in a terminal: a suite run from a non-interactive shell's background
     job inherits it ignored, and Python then installs no KeyboardInterrupt handler."""
-    cmd = [sys.executable, "-m", "app.cli", *args]
-    return subprocess.Popen(
-        cmd, env=environment(web, key), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )  # fmt: skip
+    # coreutils' env resets SIGINT before the exec; a preexec_fn would run Python in the forked
+    # child of this threaded process, which can hang before the exec.
+    cmd = ["env", "--default-signal=INT", sys.executable, "-m", "app.cli", *args]
+    return subprocess.Popen(cmd, env=environment(web, key), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
