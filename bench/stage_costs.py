@@ -1,4 +1,4 @@
-"""CPU per operation of two pieces of a stage, each next to what it replaced, in the same run.
+"""CPU per operation of three pieces of a stage, each next to what it replaced, in the same run.
 
 - the chain's next step: `tasks.continuation.send_next` (a recorded template) against Celery's own
   continuation (the tracer's `_retry_publish(signature.apply_async, ...)`), both publishing to a
@@ -7,6 +7,9 @@
   alone (`models.db.alone`: one statement in autocommit) against the same in a transaction
   (BEGIN, the statement, COMMIT), on a Postgres cluster of the run's own; the client's CPU and
   the cluster's per transition.
+- the `jobs` indexes (migration 0016): a video job's four transitions with this schema's indexes
+  against those before 0016 (recreated between turns), on a Postgres cluster of the run's own;
+  the client's CPU and the cluster's per job.
 
 Both sides take turns in `--rounds` parts, so a slower minute of a shared machine falls on both.
 """
@@ -44,13 +47,20 @@ class _Task:
 
 
 def _turns(
-    sides: dict[str, Callable[[int], None]], n: int, rounds: int, server: Callable[[], float]
+    sides: dict[str, Callable[[int], None]],
+    n: int,
+    rounds: int,
+    server: Callable[[], float],
+    before: dict[str, Callable[[], None]] | None = None,
 ) -> dict[str, tuple[float, float]]:
-    """Client and server CPU seconds per operation of each side, the sides taking turns."""
+    """Client and server CPU seconds per operation of each side, the sides taking turns;
+    `before[side]`, if any, runs before each of that side's turns, off the clock."""
     totals = {name: [0.0, 0.0] for name in sides}
     part = max(1, n // rounds)
     for _ in range(rounds):
         for name, run in sides.items():
+            if before and name in before:
+                before[name]()
             c0, s0 = time.process_time(), server()
             run(part)
             totals[name][0] += time.process_time() - c0
@@ -167,9 +177,85 @@ def transitions(n: int, rounds: int) -> list[Result]:
     ]  # fmt: skip
 
 
+# The indexes migration 0016 dropped or narrowed, as they were (its downgrade).
+_BEFORE_0016 = (
+    "DROP INDEX IF EXISTS ix_jobs_completed_at",
+    "CREATE INDEX ix_jobs_completed_at ON jobs (completed_at)",
+    "CREATE INDEX ix_jobs_status_priority_created ON jobs (status, priority, created_at)",
+    "CREATE INDEX ix_jobs_status_deadline ON jobs (status, deadline_at)",
+)
+_AT_0016 = (
+    "DROP INDEX IF EXISTS ix_jobs_status_deadline",
+    "DROP INDEX IF EXISTS ix_jobs_status_priority_created",
+    "DROP INDEX IF EXISTS ix_jobs_completed_at",
+    "CREATE INDEX ix_jobs_completed_at ON jobs (completed_at) WHERE completed_at IS NOT NULL",
+)
+
+
+def handover(n: int, rounds: int) -> list[Result]:
+    """A video job's four transitions (start, text done, video entered, finished), each alone:
+    the `jobs` indexes of migration 0016 against those before it, switched between turns."""
+    from sqlalchemy import insert, text
+
+    from models import Job, Stage, states
+    from models.db import alone, make_engine, make_session_factory, transaction
+    from models.keys import ensure_default_tenant
+    from models.recovery import deadline_in, entry_deadline
+
+    with private_postgres() as (db_url, postmaster):
+        engine = make_engine(db_url, pool_size=1, max_overflow=0)
+        sessions = make_session_factory(engine)
+        with transaction(sessions) as s:
+            ensure_default_tenant(s)
+        entry = entry_deadline(600, 3)
+
+        def jobs(k: int) -> list[uuid.UUID]:
+            ids = [uuid.uuid4() for _ in range(k)]
+            rows = [{"id": i, "status": "queued", "modality": "video", "prompt": "p", "params": {"seed": 1}}
+                    for i in ids]  # fmt: skip
+            with engine.begin() as conn:
+                conn.execute(insert(Job), rows)
+            return ids
+
+        def go(k: int) -> None:
+            for jid in ready.pop():
+                alone(sessions, lambda s, j=jid: states.start_text(s, j, deadline_at=entry))
+                alone(sessions, lambda s, j=jid: states.complete_text(
+                    s, j, "p", 0.1, final=False, progress=20, deadline_at=deadline_in(3600)))  # fmt: skip
+                alone(sessions, lambda s, j=jid: states.resume_stage(s, j, Stage.VIDEO, deadline_at=entry))
+                alone(sessions, lambda s, j=jid: states.complete_render(s, j, Stage.VIDEO, "k", 10, 0.1, 9))
+
+        def schema(ddl: Sequence[str]) -> Callable[[], None]:
+            def switch() -> None:
+                with engine.begin() as conn:
+                    for statement in ddl:
+                        conn.execute(text(statement))
+
+            return switch
+
+        part = max(1, n // rounds)
+        ready = [jobs(part) for _ in range(2 * rounds)]  # inserted before the clock starts
+        before = {"0016": schema(_AT_0016), "before 0016": schema(_BEFORE_0016)}
+        costs = _turns(
+            {"0016": go, "before 0016": go}, n, rounds, lambda: cluster_cpu_seconds(postmaster), before
+        )
+        engine.dispose()
+    base, new = costs["before 0016"], costs["0016"]
+    return [
+        Result(
+            "job's 4 transitions", "client CPU", 1e6 * new[0], 1e6 * base[0], "us", higher_is_better=False
+        ),
+        Result(
+            "job's 4 transitions", "Postgres CPU", 1e6 * new[1], 1e6 * base[1], "us", higher_is_better=False
+        ),
+    ]
+
+
 def run(args: argparse.Namespace) -> list[Result]:
     print(f"stage costs: {args.n} operations a side in {args.rounds} turns; {machine()}")
-    results = continuation(args.n, args.rounds) + transitions(args.n, args.rounds)
+    results = (
+        continuation(args.n, args.rounds) + transitions(args.n, args.rounds) + handover(args.n, args.rounds)
+    )
     print_results(results)
     return results
 

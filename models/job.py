@@ -137,20 +137,27 @@ class Job(Base):
     __table_args__ = (
         # Listing is newest first with an id tie-break; status filter uses the same order.
         Index("ix_jobs_created_id", "created_at", "id"),
+        # Also the reaper's running jobs, whose deadlines it reads from the rows: deadline_at (and
+        # stage, progress, attempts) stay unindexed, so a transition that changes only those is a
+        # heap-only update that writes no index entry (migration 0016).
         Index("ix_jobs_status_created", "status", "created_at"),
         # A tenant's listing and its queued + running count (quota); finished-per-minute (admission).
         Index("ix_jobs_tenant_created", "tenant_id", "created_at", "id"),
         Index("ix_jobs_tenant_status", "tenant_id", "status"),
-        Index("ix_jobs_completed_at", "completed_at"),
+        # Finished jobs by when (admission's and the quota's finished-per-minute, variants): a
+        # job joins it once, when it finishes (migration 0016).
+        Index(
+            "ix_jobs_completed_at",
+            "completed_at",
+            postgresql_where=text("completed_at IS NOT NULL"),
+            sqlite_where=text("completed_at IS NOT NULL"),
+        ),
         # The retention task's scan: finished jobs whose data is still there, oldest first.
         Index(
             "ix_jobs_retention",
             "completed_at",
             postgresql_where=text("data_removed_at IS NULL AND completed_at IS NOT NULL"),
         ),
-        Index("ix_jobs_status_deadline", "status", "deadline_at"),
-        # Queued jobs by priority and age (the queue position counted from it until migration 0009).
-        Index("ix_jobs_status_priority_created", "status", "priority", "created_at"),
         # Queue position (app.queue): each lane's queued computing jobs, their count and first and
         # last numbers read from this index alone.
         Index(

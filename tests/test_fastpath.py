@@ -2,38 +2,23 @@
 
 from __future__ import annotations
 
-import threading
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
-from sqlalchemy import event, func, insert, select
+from sqlalchemy import func, insert, select
 
 from app.admission import EXTENSION as ADMISSION
 from app.published import PublishedMarks
 from models import Job, states
 from models.base import utcnow
+from tests.support import plans
 from tests.support.procs import wait_for
 
 
-@contextmanager
-def statements(app) -> Iterator[list[tuple[str, Any]]]:
-    """The SQL this thread runs, with its parameters (the published_at recorder's batches run in
+def statements(app):
+    """The SQL this thread runs on the app's engine (the published_at recorder's batches run in
     its own thread)."""
-    seen: list[tuple[str, Any]] = []
-    engine = app.extensions["genqueue"].engine
-    me = threading.get_ident()
-
-    def record(_conn, _cursor, statement, parameters, *_args) -> None:
-        if threading.get_ident() == me:
-            seen.append((statement, parameters))
-
-    event.listen(engine, "before_cursor_execute", record)
-    try:
-        yield seen
-    finally:
-        event.remove(engine, "before_cursor_execute", record)
+    return plans.statements(app.extensions["genqueue"].engine)
 
 
 def _backlog(sessions, n: int, priority: str) -> None:
@@ -66,28 +51,6 @@ def _costs(app, client, totals: str) -> Costs:
     return {"post": post, "get": get}
 
 
-def _scans(engine, statement: str, parameters: Any) -> list[dict[str, Any]]:
-    """The scan nodes of Postgres's plan for a captured statement, sequential scans priced out
-    (enable_seqscan=off), so a scan left without an index condition has no index to use."""
-    with engine.connect() as conn:
-        conn.exec_driver_sql("SET enable_seqscan = off")
-        [[plan]] = conn.exec_driver_sql(f"EXPLAIN (FORMAT JSON) {statement}", parameters).all()
-        conn.rollback()
-    nodes, out = [plan[0]["Plan"]], []
-    while nodes:
-        node = nodes.pop()
-        nodes += node.get("Plans", [])
-        if node["Node Type"].endswith("Scan") and node["Node Type"] != "Bitmap Heap Scan":
-            out.append(node)
-    return out
-
-
-def _unindexed(scans: list[dict[str, Any]]) -> list[str]:
-    """Scans that read a whole table or index: no Index Cond (a Seq Scan never has one)."""
-    return [f"{n['Node Type']} {n.get('Index Name') or n.get('Relation Name')}" for n in scans
-            if "Index Cond" not in n]  # fmt: skip
-
-
 def test_submit_and_get_cost_does_not_grow_with_the_backlog(app, client, sessions, engine) -> None:
     client.post("/v1/jobs", json={"prompt": "warm", "modality": "text"})  # first-use setup
     empty = {t: _costs(app, client, t) for t in ("due", "fresh")}
@@ -107,7 +70,7 @@ def test_submit_and_get_cost_does_not_grow_with_the_backlog(app, client, session
     for totals in full.values():
         for statement, parameters in totals["post"] + totals["get"]:
             assert "row_number" not in statement.lower()
-            assert _unindexed(_scans(engine, statement, parameters)) == [], statement
+            assert plans.unindexed(plans.scans(engine, statement, parameters)) == [], statement
 
 
 def test_queue_position_of_a_high_job_behind_a_low_backlog(client, sessions) -> None:
