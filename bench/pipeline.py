@@ -36,8 +36,15 @@ from bench.common import (
 )
 
 # Small but real: the video stage still encodes an MP4 and a thumbnail per job.
-PARAMS = {"max_new_tokens": 16, "temperature": 0.0, "width": 64, "height": 64, "num_frames": 9, "fps": 8,
-          "steps": 2}
+PARAMS = {
+    "max_new_tokens": 16,
+    "temperature": 0.0,
+    "width": 64,
+    "height": 64,
+    "num_frames": 9,
+    "fps": 8,
+    "steps": 2,
+}
 TERMINAL = ("succeeded", "failed", "canceled")
 
 
@@ -68,8 +75,24 @@ class Pipeline:
 
 def _worker_args(app: str, queues: str, pool: str, concurrency: int) -> list[str]:
     name = f"bench-{uuid.uuid4().hex[:6]}@%h"
-    return [sys.executable, "-m", "celery", "-A", app, "worker", "-Q", queues, "-P", pool,
-            "-c", str(concurrency), "-n", name, "-l", "WARNING"]
+    return [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        app,
+        "worker",
+        "-Q",
+        queues,
+        "-P",
+        pool,
+        "-c",
+        str(concurrency),
+        "-n",
+        name,
+        "-l",
+        "WARNING",
+    ]
 
 
 def _watch(worker: Process, check: Callable[[], bool]) -> Callable[[], bool]:
@@ -88,8 +111,10 @@ def genqueue(
     pool: str,
     concurrency: int,
     servers: dict[str, Callable[[], float]] | None = None,
+    accounts: str | None = None,
 ) -> Iterator[Pipeline]:
-    """A `tasks.worker` subprocess on all pipeline queues with the echo models."""
+    """A `tasks.worker` subprocess on all pipeline queues with the echo models; `accounts`: a
+    folder where `bench.worker_accounts` (the same worker, its pieces timed) writes its totals."""
     from sqlalchemy import func, insert, select
 
     from models import Job
@@ -105,16 +130,26 @@ def genqueue(
             GENQUEUE_TEXT_MODEL="echo",
             GENQUEUE_VIDEO_MODEL="echo",
             GENQUEUE_ARTIFACT_DIR=artifacts,
+            **({"GENQUEUE_BENCH_ACCOUNTS_DIR": accounts} if accounts else {}),
         )
-        args = _worker_args("tasks.worker", "text,video,default", pool, concurrency)
+        module = "bench.worker_accounts" if accounts else "tasks.worker"
+        args = _worker_args(module, "text,video,default", pool, concurrency)
         with spawn(args, env, "celery-genqueue") as worker:
             app = create_celery(Settings(database_url=db_url, broker_url=redis_url), set_as_current=False)
             engine = make_engine(db_url, pool_size=2)
 
             def prepare(n: int) -> object:
                 ids = [uuid.uuid4() for _ in range(n)]
-                rows = [{"id": i, "status": "queued", "modality": "video", "prompt": f"a fox, take {k}",
-                         "params": PARAMS | {"seed": k}} for k, i in enumerate(ids)]
+                rows = [
+                    {
+                        "id": i,
+                        "status": "queued",
+                        "modality": "video",
+                        "prompt": f"a fox, take {k}",
+                        "params": PARAMS | {"seed": k},
+                    }
+                    for k, i in enumerate(ids)
+                ]
                 with engine.begin() as conn:  # the API's part, measured by bench.api, not here
                     conn.execute(insert(Job), rows)
                 return ids
@@ -131,8 +166,12 @@ def genqueue(
                     with engine.connect() as conn:
                         return int(conn.execute(select(func.count()).where(*where)).scalar_one())
 
-                wait_until(_watch(worker, lambda: count(Job.status.in_(TERMINAL)) >= target), timeout, "jobs",
-                           interval=0.1)
+                wait_until(
+                    _watch(worker, lambda: count(Job.status.in_(TERMINAL)) >= target),
+                    timeout,
+                    "jobs",
+                    interval=0.1,
+                )
                 return count(Job.status.in_(("failed", "canceled")))
 
             try:
@@ -210,10 +249,15 @@ def run(args: argparse.Namespace) -> list[Result]:
         # queues share names: the bare chain's live in another database of the same server.
         bare_url = redis_url.rsplit("/", 1)[0] + "/1"
         with (
+            tempfile.TemporaryDirectory(prefix="gq-accounts-") as accounts,
             bare(bare_url, args.pool, args.concurrency, redis) as b,
-            genqueue(db_url, redis_url, args.pool, args.concurrency, servers) as g,
+            genqueue(
+                db_url, redis_url, args.pool, args.concurrency, servers, accounts if args.account else None
+            ) as g,
         ):
             (base_rate, base_cpu), (rate, cpu) = _measure([b, g], args)
+            if args.account:
+                _print_accounts(accounts)
     results = [
         Result("pipeline", "jobs/s (text->video)", rate, base_rate, "jobs/s", ">= 0.7x bare"),
         Result("pipeline", "server CPU per job", cpu, base_cpu, "ms", "<= 3x bare", higher_is_better=False),
@@ -222,12 +266,31 @@ def run(args: argparse.Namespace) -> list[Result]:
     return results
 
 
+def _print_accounts(folder: str) -> None:
+    """The pool's thread CPU per job by piece (bench.worker_accounts), warm-up jobs included."""
+    from bench import worker_accounts
+
+    totals = worker_accounts.read(folder)
+    if not totals.get("task"):
+        print("  (no accounts written: fewer than 10 tasks per pool process)")
+        return
+    jobs = totals["task"][1] / 2  # two tasks per job: text, video
+    task_ms = 1000 * totals["task"][0] / jobs
+    parts = {piece: 1000 * seconds / jobs for piece, (seconds, _) in totals.items() if piece != "task"}
+    print(f"  genqueue pool, thread CPU per job over {jobs:.0f} jobs: tasks {task_ms:.2f} ms = "
+          + ", ".join(f"{piece} {ms:.2f}" for piece, ms in sorted(parts.items(), key=lambda kv: -kv[1]))
+          + f", the rest {task_ms - sum(parts.values()):.2f}")  # fmt: skip
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--jobs", type=int, default=500, help="jobs (chains) per measurement")
     parser.add_argument("--warmup", type=int, default=20, help="jobs run first, not measured")
     parser.add_argument("--rounds", type=int, default=5, help="turns the pipelines take at the jobs")
     parser.add_argument("--pool", default="prefork", choices=("prefork", "threads", "solo"))
     parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument(
+        "--account", action="store_true", help="also print where the Genqueue pool's CPU per job goes"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> list[Result]:

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = {
     "api": ["--duration", "0.5", "--warmup", "0.2", "--backlog", "20", "--concurrency", "8"],
     # 20 chains a turn: 5 bare chains cost under one 10 ms clock tick
-    "pipeline": ["--jobs", "40", "--warmup", "1", "--rounds", "2"],
+    "pipeline": ["--jobs", "40", "--warmup", "1", "--rounds", "2", "--account"],
     "memory": ["--requests", "100", "--warmup-requests", "20", "--connections", "8", "--jobs", "5",
                "--warmup-jobs", "1"],
     "image": ["--rounds", "1", "--requests", "2"],
@@ -46,6 +46,8 @@ def test_benchmark_runs_and_prints_its_ratio(script: str) -> None:
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    if "--account" in SCRIPTS[script]:  # the worker's own accounting of a job's pieces
+        assert re.search(r"thread CPU per job over \d+ jobs: tasks \d+\.\d+ ms = transitions", proc.stdout)
     results = [ln for ln in proc.stdout.splitlines() if RATIO.search(ln)]
     for metric, positive in EXPECTED[script]:
         lines = [ln for ln in results if f" {metric} " in ln]
