@@ -175,7 +175,7 @@ def _statuses(on_postgres: bool) -> Select[uuid.UUID, str]:
 
 @functools.cache
 def _finished() -> Select[uuid.UUID]:
-    # ix_jobs_completed_at finds them; every finishing transition sets completed_at (models.states).
+    # ix_jobs_finished_at finds them; every finishing transition sets completed_at (models.states).
     return select(Job.id).where(Job.completed_at >= bindparam("since"), Job.tenant_id == bindparam("tenant"))
 
 

@@ -63,13 +63,17 @@ def worker_environment(settings: Settings, environ: Mapping[str, str] = os.envir
 def _setpriv() -> str | None:
     """util-linux's setpriv where it knows --pdeathsig (2.33+, Linux), looked up once; else None."""
     path = shutil.which("setpriv")
-    if path is None:
+    usage = ""
+    if path is not None:
+        try:
+            usage = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.SubprocessError):
+            pass
+    if path is None or "--pdeathsig" not in usage:
+        # Said once (the answer is cached): a SIGKILLed supervisor now leaves its children running.
+        log.warning("no setpriv with --pdeathsig (util-linux 2.33+): children outlive a killed supervisor")
         return None
-    try:
-        usage = subprocess.run([path, "--help"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return path if "--pdeathsig" in usage else None
+    return path
 
 
 def die_with_parent(cmd: Sequence[str]) -> list[str]:
@@ -77,10 +81,11 @@ def die_with_parent(cmd: Sequence[str]) -> list[str]:
     shutdown) instead of living on unsupervised; `cmd` unchanged where setpriv cannot do it.
 
     setpriv sets the parent-death signal and execs the command (same pid; the signal survives
-    the exec). Not a preexec_fn: that makes subprocess fork() instead of vfork() and run Python
-    in the child of a threaded parent, where at-fork handlers and locks other threads held at
-    the fork can hang the child before its exec, and Popen with it (the suite's process hung
-    so in tests/test_supervise.py).
+    the exec of anything but a set-user-ID, set-group-ID or file-capability program). Not a
+    preexec_fn: that makes subprocess fork() instead of vfork() and run Python in the child of
+    a threaded parent, where at-fork handlers and locks other threads held at the fork can hang
+    the child before its exec, and Popen with it (the suite's process hung so in
+    tests/test_supervise.py).
     """
     setpriv = _setpriv()
     if setpriv is None:

@@ -239,6 +239,8 @@ def _measure(pipelines: Sequence[Pipeline], args: argparse.Namespace) -> list[tu
 
 
 def run(args: argparse.Namespace) -> list[Result]:
+    if args.account and args.pool != "prefork":
+        raise SystemExit("--account needs the prefork pool (see bench.worker_accounts)")
     print(f"pipeline: {args.jobs} jobs in {args.rounds} turns each, {args.pool} pool x {args.concurrency}; "
           f"{machine()}")  # fmt: skip
     # A redis-server and a Postgres cluster of this run's own: their CPU is this run's alone.
@@ -248,15 +250,20 @@ def run(args: argparse.Namespace) -> list[Result]:
         # Both workers up at once: the one whose turn it is not waits on its empty queues. Their
         # queues share names: the bare chain's live in another database of the same server.
         bare_url = redis_url.rsplit("/", 1)[0] + "/1"
-        with (
-            tempfile.TemporaryDirectory(prefix="gq-accounts-") as accounts,
-            bare(bare_url, args.pool, args.concurrency, redis) as b,
-            genqueue(
-                db_url, redis_url, args.pool, args.concurrency, servers, accounts if args.account else None
-            ) as g,
-        ):
-            (base_rate, base_cpu), (rate, cpu) = _measure([b, g], args)
-            if args.account:
+        with tempfile.TemporaryDirectory(prefix="gq-accounts-") as accounts:
+            with (
+                bare(bare_url, args.pool, args.concurrency, redis) as b,
+                genqueue(
+                    db_url,
+                    redis_url,
+                    args.pool,
+                    args.concurrency,
+                    servers,
+                    accounts if args.account else None,
+                ) as g,
+            ):
+                (base_rate, base_cpu), (rate, cpu) = _measure([b, g], args)
+            if args.account:  # the worker has stopped: every pool process wrote its last totals
                 _print_accounts(accounts)
     results = [
         Result("pipeline", "jobs/s (text->video)", rate, base_rate, "jobs/s", ">= 0.7x bare"),

@@ -179,16 +179,16 @@ def transitions(n: int, rounds: int) -> list[Result]:
 
 # The indexes migration 0016 dropped or narrowed, as they were (its downgrade).
 _BEFORE_0016 = (
-    "DROP INDEX IF EXISTS ix_jobs_completed_at",
-    "CREATE INDEX ix_jobs_completed_at ON jobs (completed_at)",
-    "CREATE INDEX ix_jobs_status_priority_created ON jobs (status, priority, created_at)",
-    "CREATE INDEX ix_jobs_status_deadline ON jobs (status, deadline_at)",
+    "DROP INDEX IF EXISTS ix_jobs_finished_at",
+    "CREATE INDEX IF NOT EXISTS ix_jobs_completed_at ON jobs (completed_at)",
+    "CREATE INDEX IF NOT EXISTS ix_jobs_status_priority_created ON jobs (status, priority, created_at)",
+    "CREATE INDEX IF NOT EXISTS ix_jobs_status_deadline ON jobs (status, deadline_at)",
 )
 _AT_0016 = (
     "DROP INDEX IF EXISTS ix_jobs_status_deadline",
     "DROP INDEX IF EXISTS ix_jobs_status_priority_created",
     "DROP INDEX IF EXISTS ix_jobs_completed_at",
-    "CREATE INDEX ix_jobs_completed_at ON jobs (completed_at) WHERE completed_at IS NOT NULL",
+    "CREATE INDEX IF NOT EXISTS ix_jobs_finished_at ON jobs (completed_at) WHERE completed_at IS NOT NULL",
 )
 
 

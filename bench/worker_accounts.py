@@ -4,8 +4,11 @@ For `python -m bench.pipeline --account`: where a Genqueue worker's CPU per job 
 inside the worker (time.thread_time around each piece, user + system of the thread that ran
 it), not sampled by a profiler (py-spy's samples of the same run put a third of the pool's time
 in the transitions' SQLAlchemy session, which removing it did not confirm). Each process writes
-{piece: [seconds, calls]} as JSON to GENQUEUE_BENCH_ACCOUNTS_DIR/<pid>.json every 10 tasks.
-The wrappers are installed when the worker starts (worker_init, before the pool forks).
+{piece: [seconds, calls]} as JSON to GENQUEUE_BENCH_ACCOUNTS_DIR/<pid>.json every 10 tasks and
+at its stop.
+The wrappers are installed when the worker starts (worker_init, before the pool forks). Prefork
+pool only: in a threads pool the model runs in the batcher's thread, whose time no task's
+thread counts.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from celery.signals import task_postrun, task_prerun, worker_init
+from celery.signals import task_postrun, task_prerun, worker_init, worker_process_shutdown
 
 from tasks.worker import celery
 
@@ -57,10 +60,13 @@ def _timed(piece: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     return timed
 
 
-def _dump() -> None:
+def _dump(**_: Any) -> None:
     folder = os.environ.get(ENV)
-    if folder:
-        Path(folder, f"{os.getpid()}.json").write_text(json.dumps(_totals))
+    if folder:  # whole or not at all: read() may run while this process writes
+        final = Path(folder, f"{os.getpid()}.json")
+        tmp = final.with_suffix(".tmp")
+        tmp.write_text(json.dumps(_totals))
+        os.replace(tmp, final)
 
 
 def _started(**_: Any) -> None:
@@ -85,6 +91,7 @@ def _install(**_: Any) -> None:
     os.register_at_fork(after_in_child=_totals.clear)  # each pool child counts its own
     task_prerun.connect(_started, weak=False)
     task_postrun.connect(_finished, weak=False)
+    worker_process_shutdown.connect(_dump, weak=False)  # the last tasks, at a clean stop
 
 
 worker_init.connect(_install, weak=False)

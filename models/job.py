@@ -147,7 +147,7 @@ class Job(Base):
         # Finished jobs by when (admission's and the quota's finished-per-minute, variants): a
         # job joins it once, when it finishes (migration 0016).
         Index(
-            "ix_jobs_completed_at",
+            "ix_jobs_finished_at",
             "completed_at",
             postgresql_where=text("completed_at IS NOT NULL"),
             sqlite_where=text("completed_at IS NOT NULL"),

@@ -68,7 +68,7 @@ def stalled(session: Session, now: datetime, stall_s: float, limit: int) -> list
         select(Job.id)
         .where(
             Job.status == JobStatus.SUCCEEDED,
-            Job.completed_at > now - STALL_HORIZON,  # ix_jobs_completed_at bounds the scan
+            Job.completed_at > now - STALL_HORIZON,  # ix_jobs_finished_at bounds the scan
             Job.updated_at < now - timedelta(seconds=stall_s),
             Job.variants.is_not(None),
             Job.data_removed_at.is_(None),

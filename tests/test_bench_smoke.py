@@ -47,7 +47,11 @@ def test_benchmark_runs_and_prints_its_ratio(script: str) -> None:
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     if "--account" in SCRIPTS[script]:  # the worker's own accounting of a job's pieces
-        assert re.search(r"thread CPU per job over \d+ jobs: tasks \d+\.\d+ ms = transitions", proc.stdout)
+        line = re.search(r"thread CPU per job over \d+ jobs: tasks \d+\.\d+ ms = (.*)", proc.stdout)
+        assert line, proc.stdout  # the pieces, largest first: their order varies
+        assert {"transitions", "encode", "next step", "generate", "the rest"} <= {
+            re.sub(r" -?\d+\.\d+$", "", part) for part in line.group(1).split(", ")
+        }, line.group(0)
     results = [ln for ln in proc.stdout.splitlines() if RATIO.search(ln)]
     for metric, positive in EXPECTED[script]:
         lines = [ln for ln in results if f" {metric} " in ln]

@@ -9,6 +9,7 @@ from typing import Any
 
 from sqlalchemy import insert, text
 
+from app.admission import Admission
 from app.quota import _finished
 from models import Job, Stage, states
 from models.base import utcnow
@@ -97,12 +98,20 @@ def test_the_readers_of_the_dropped_indexes_still_read_through_one(
     rt = runtime(app)
     with plans.statements(rt.engine) as seen:
         assert reap(rt, app) == {}  # nothing is due: only the reads
+    gate = Admission(settings.model_copy(update={"admission_max_wait_s": 60.0}), sessions)
     with plans.statements(engine) as counted, sessions() as s:
-        assert active_jobs(s)[("running", "video")] == 600  # monitoring; admission counts alike
+        assert active_jobs(s)[("running", "video")] == 600  # monitoring
         s.execute(_finished(), {"since": utcnow() - timedelta(minutes=1), "tenant": DEFAULT_TENANT_ID}).all()
+        backlog = gate.backlog()  # admission: the active jobs and the finished per second
+        assert (backlog.video, backlog.text) == (600, 300) and backlog.finished_per_s
     reads = [
         (sql, p) for sql, p in seen + counted if sql.lstrip().upper().startswith("SELECT") and " jobs" in sql
     ]
     assert len(reads) >= 8, [sql for sql, _ in reads]  # the reaper's rules, the counts
     for sql, parameters in reads:
         assert plans.unindexed(plans.scans(engine, sql, parameters)) == [], sql
+    # Admission's finished-per-minute has no other index to fall back on: the partial one serves it.
+    [(sql, parameters)] = [
+        (sql, p) for sql, p in counted if "completed_at >=" in sql and "tenant_id" not in sql
+    ]
+    assert [n.get("Index Name") for n in plans.scans(engine, sql, parameters)] == ["ix_jobs_finished_at"], sql
