@@ -36,15 +36,8 @@ from bench.common import (
 )
 
 # Small but real: the video stage still encodes an MP4 and a thumbnail per job.
-PARAMS = {
-    "max_new_tokens": 16,
-    "temperature": 0.0,
-    "width": 64,
-    "height": 64,
-    "num_frames": 9,
-    "fps": 8,
-    "steps": 2,
-}
+PARAMS = {"max_new_tokens": 16, "temperature": 0.0, "width": 64, "height": 64, "num_frames": 9, "fps": 8,
+          "steps": 2}
 TERMINAL = ("succeeded", "failed", "canceled")
 
 
@@ -75,24 +68,8 @@ class Pipeline:
 
 def _worker_args(app: str, queues: str, pool: str, concurrency: int) -> list[str]:
     name = f"bench-{uuid.uuid4().hex[:6]}@%h"
-    return [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        app,
-        "worker",
-        "-Q",
-        queues,
-        "-P",
-        pool,
-        "-c",
-        str(concurrency),
-        "-n",
-        name,
-        "-l",
-        "WARNING",
-    ]
+    return [sys.executable, "-m", "celery", "-A", app, "worker", "-Q", queues, "-P", pool,
+            "-c", str(concurrency), "-n", name, "-l", "WARNING"]
 
 
 def _watch(worker: Process, check: Callable[[], bool]) -> Callable[[], bool]:
@@ -140,16 +117,8 @@ def genqueue(
 
             def prepare(n: int) -> object:
                 ids = [uuid.uuid4() for _ in range(n)]
-                rows = [
-                    {
-                        "id": i,
-                        "status": "queued",
-                        "modality": "video",
-                        "prompt": f"a fox, take {k}",
-                        "params": PARAMS | {"seed": k},
-                    }
-                    for k, i in enumerate(ids)
-                ]
+                rows = [{"id": i, "status": "queued", "modality": "video", "prompt": f"a fox, take {k}",
+                         "params": PARAMS | {"seed": k}} for k, i in enumerate(ids)]
                 with engine.begin() as conn:  # the API's part, measured by bench.api, not here
                     conn.execute(insert(Job), rows)
                 return ids
@@ -166,12 +135,8 @@ def genqueue(
                     with engine.connect() as conn:
                         return int(conn.execute(select(func.count()).where(*where)).scalar_one())
 
-                wait_until(
-                    _watch(worker, lambda: count(Job.status.in_(TERMINAL)) >= target),
-                    timeout,
-                    "jobs",
-                    interval=0.1,
-                )
+                wait_until(_watch(worker, lambda: count(Job.status.in_(TERMINAL)) >= target), timeout, "jobs",
+                           interval=0.1)
                 return count(Job.status.in_(("failed", "canceled")))
 
             try:

@@ -8,8 +8,8 @@
   (BEGIN, the statement, COMMIT), on a Postgres cluster of the run's own; the client's CPU and
   the cluster's per transition.
 - the `jobs` indexes (migration 0016): a video job's four transitions with this schema's indexes
-  against those before 0016 (recreated between turns), on a Postgres cluster of the run's own;
-  the client's CPU and the cluster's per job.
+  against those before 0016 (the migration downgraded and upgraded between turns), on a Postgres
+  cluster of the run's own; the client's CPU and the cluster's per job.
 
 Both sides take turns in `--rounds` parts, so a slower minute of a shared machine falls on both.
 """
@@ -177,29 +177,15 @@ def transitions(n: int, rounds: int) -> list[Result]:
     ]  # fmt: skip
 
 
-# The indexes migration 0016 dropped or narrowed, as they were (its downgrade).
-_BEFORE_0016 = (
-    "DROP INDEX IF EXISTS ix_jobs_finished_at",
-    "CREATE INDEX IF NOT EXISTS ix_jobs_completed_at ON jobs (completed_at)",
-    "CREATE INDEX IF NOT EXISTS ix_jobs_status_priority_created ON jobs (status, priority, created_at)",
-    "CREATE INDEX IF NOT EXISTS ix_jobs_status_deadline ON jobs (status, deadline_at)",
-)
-_AT_0016 = (
-    "DROP INDEX IF EXISTS ix_jobs_status_deadline",
-    "DROP INDEX IF EXISTS ix_jobs_status_priority_created",
-    "DROP INDEX IF EXISTS ix_jobs_completed_at",
-    "CREATE INDEX IF NOT EXISTS ix_jobs_finished_at ON jobs (completed_at) WHERE completed_at IS NOT NULL",
-)
-
-
 def handover(n: int, rounds: int) -> list[Result]:
     """A video job's four transitions (start, text done, video entered, finished), each alone:
     the `jobs` indexes of migration 0016 against those before it, switched between turns."""
-    from sqlalchemy import insert, text
+    from sqlalchemy import insert
 
     from models import Job, Stage, states
     from models.db import alone, make_engine, make_session_factory, transaction
     from models.keys import ensure_default_tenant
+    from models.migrate import downgrade, upgrade
     from models.recovery import deadline_in, entry_deadline
 
     with private_postgres() as (db_url, postmaster):
@@ -225,17 +211,10 @@ def handover(n: int, rounds: int) -> list[Result]:
                 alone(sessions, lambda s, j=jid: states.resume_stage(s, j, Stage.VIDEO, deadline_at=entry))
                 alone(sessions, lambda s, j=jid: states.complete_render(s, j, Stage.VIDEO, "k", 10, 0.1, 9))
 
-        def schema(ddl: Sequence[str]) -> Callable[[], None]:
-            def switch() -> None:
-                with engine.begin() as conn:
-                    for statement in ddl:
-                        conn.execute(text(statement))
-
-            return switch
-
         part = max(1, n // rounds)
         ready = [jobs(part) for _ in range(2 * rounds)]  # inserted before the clock starts
-        before = {"0016": schema(_AT_0016), "before 0016": schema(_BEFORE_0016)}
+        # The migration itself, down and up between turns: its downgrade puts the indexes back.
+        before = {"0016": lambda: upgrade(db_url, "0016"), "before 0016": lambda: downgrade(db_url, "0015")}
         costs = _turns(
             {"0016": go, "before 0016": go}, n, rounds, lambda: cluster_cpu_seconds(postmaster), before
         )

@@ -141,11 +141,11 @@ class Job(Base):
         # stage, progress, attempts) stay unindexed, so a transition that changes only those is a
         # heap-only update that writes no index entry (migration 0016).
         Index("ix_jobs_status_created", "status", "created_at"),
-        # A tenant's listing and its queued + running count (quota); finished-per-minute (admission).
+        # A tenant's listing and its queued + running count (quota).
         Index("ix_jobs_tenant_created", "tenant_id", "created_at", "id"),
         Index("ix_jobs_tenant_status", "tenant_id", "status"),
-        # Finished jobs by when (admission's and the quota's finished-per-minute, variants): a
-        # job joins it once, when it finishes (migration 0016).
+        # Finished jobs by when (admission's throughput, the quota's recently finished, stalled
+        # variants): a job joins it once, when it finishes (migration 0016).
         Index(
             "ix_jobs_finished_at",
             "completed_at",
